@@ -1,0 +1,112 @@
+"""Load the failure catalog: one validated YAML file per signature, every regex compiled at load.
+
+A bad file fails with the file, the rule id and the field (node-problem-detector's `ValidateRules`, but
+naming the rule). Triggers must also compile under RE2 when it is installed, since the scanner's
+prefilter runs them there.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from mm_agent.diagnose.schema import Signature
+from mm_agent.errors import MMAgentError
+
+SIGNATURES_DIR = Path(__file__).with_name("signatures")
+
+
+@dataclass(frozen=True)
+class CompiledSignature:
+    """A signature plus its compiled regexes (kept out of the pydantic model so that stays plain data)."""
+
+    sig: Signature
+    triggers: tuple[re.Pattern[str], ...]
+    patterns: tuple[re.Pattern[str], ...]
+
+    def match(self, line: str) -> re.Match[str] | None:
+        """The first pattern match, if a trigger fires first (the same two steps the scanner takes)."""
+        if not any(t.search(line) for t in self.triggers):
+            return None
+        for pattern in self.patterns:
+            m = pattern.search(line)
+            if m:
+                return m
+        return None
+
+
+def _compile(path: Path, rule: str, field: str, source: str) -> re.Pattern[str]:
+    try:
+        return re.compile(source)
+    except re.error as exc:
+        raise MMAgentError(
+            f"rule {rule}: regex {source!r} does not compile: {exc}",
+            file=str(path),
+            field=field,
+            fix="fix the regular expression (Python `re` syntax)",
+        ) from exc
+
+
+def _check_re2(path: Path, rule: str, index: int, source: str) -> None:
+    try:
+        import re2
+    except ImportError:
+        return
+    try:
+        re2.compile(source)
+    except Exception as exc:  # re2 raises its own error type
+        raise MMAgentError(
+            f"rule {rule}: trigger {source!r} is not RE2-compatible: {exc}",
+            file=str(path),
+            field=f"triggers.{index}",
+            fix="triggers must avoid lookaround and backreferences (RE2/ERE subset)",
+        ) from exc
+
+
+def load_signature(path: Path) -> CompiledSignature:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise MMAgentError(f"invalid YAML: {exc}", file=str(path), fix="fix the YAML syntax") from exc
+    try:
+        sig = Signature.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise MMAgentError(
+            first["msg"], file=str(path), field=field, fix="match mm_agent/diagnose/schema.py"
+        ) from exc
+    if sig.id != path.stem:
+        raise MMAgentError(
+            f"id {sig.id!r} differs from the file name",
+            file=str(path),
+            field="id",
+            fix=f"rename the file to {sig.id}.yaml or set id: {path.stem}",
+        )
+    for i, source in enumerate(sig.triggers):
+        _check_re2(path, sig.id, i, source)
+    return CompiledSignature(
+        sig=sig,
+        triggers=tuple(_compile(path, sig.id, f"triggers.{i}", s) for i, s in enumerate(sig.triggers)),
+        patterns=tuple(_compile(path, sig.id, f"patterns.{i}", s) for i, s in enumerate(sig.patterns)),
+    )
+
+
+def load_catalog(directory: Path | None = None) -> tuple[CompiledSignature, ...]:
+    """Every signature file in `directory` (default: the shipped catalog), sorted by id."""
+    folder = directory or SIGNATURES_DIR
+    files = sorted(folder.glob("*.yaml"))
+    if not files:
+        raise MMAgentError("no signature files found", file=str(folder), fix="reinstall mm-agent")
+    return tuple(load_signature(p) for p in files)
+
+
+@functools.cache
+def get_catalog() -> tuple[CompiledSignature, ...]:
+    """The shipped catalog, loaded once per process."""
+    return load_catalog()

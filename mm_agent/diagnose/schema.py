@@ -1,0 +1,173 @@
+"""Typed shape of the failure catalog and of a diagnosis.
+
+The catalog is data: one YAML file per failure signature in `diagnose/signatures/<id>.yaml` (id = file
+stem, semgrep-style), each carrying its own example lines that must match and lines that must not. These
+models are the contract those files meet; they are frozen and `extra="forbid"` so a typo fails at load.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Category = Literal[
+    "shm_bus_error",
+    "master_port_in_use",
+    "hccl_port_in_use",
+    "stale_process",
+    "comm_timeout",
+    "device_oom",
+    "host_oom",
+    "cann_env",
+    "version_mismatch",
+    "missing_dependency",
+    "dependency_version",
+    "checkpoint_not_found",
+    "checkpoint_parallel_mismatch",
+    "checkpoint_unconverted",
+    "checkpoint_optimizer_state",
+    "config_invalid",
+    "data_format",
+    "device_fault",
+    "device_invalid",
+    "nan_loss",
+    "crlf_script",
+    "unknown",  # a failure was seen (a generic wrapper such as ChildFailedError) but no known cause matched
+    "none",
+]
+CATEGORIES: tuple[Category, ...] = get_args(Category)
+
+# Where in the pipeline a signature shows up; "launch" covers torchrun/rendezvous/comm init, "any" is
+# for symptoms that can appear anywhere (wrappers, OOM killer).
+SignatureStage = Literal[
+    "env_setup",
+    "model_deps",
+    "weights",
+    "data_prep",
+    "feature_extraction",
+    "launch",
+    "training",
+    "inference",
+    "export",
+    "any",
+]
+
+# A primary signature is a cause; a secondary one is what a cause leaves behind on this or other ranks
+# (wrappers, ChildFailedError, timeouts after a peer died). Secondary signatures win only when no primary
+# one was seen at all.
+Role = Literal["primary", "secondary"]
+
+# fatal: the process dies or hangs; silent: training goes on but is wrong (random init, NaN);
+# warning: worth knowing, not a failure on its own (CPU fallback of an op).
+Effect = Literal["fatal", "silent", "warning"]
+
+# Fix actions, ordered from the lightest to the heaviest (DLRover's recovery ladder). The fixes of a
+# signature must be listed in this order.
+FixAction = Literal["inspect", "retry", "env", "config", "data", "reconvert", "reinstall", "hardware"]
+FIX_ORDER: tuple[FixAction, ...] = get_args(FixAction)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Fix(_Frozen):
+    action: FixAction
+    text: str = Field(min_length=1, description="what to do, imperative; may use {named} regex groups")
+    command: str | None = Field(default=None, description="a command that does it, when there is one")
+
+
+class Examples(_Frozen):
+    match: list[str] = Field(min_length=1, description="log lines this signature must match")
+    no_match: list[str] = Field(
+        default_factory=list, description="look-alike lines it must not match (healthy or other signatures)"
+    )
+
+
+class Signature(_Frozen):
+    id: str = Field(description="stable rule id = file stem, lower_snake_case")
+    category: Category
+    title: str = Field(min_length=1, description="one line; may use {named} regex groups")
+    stage: SignatureStage
+    role: Role
+    effect: Effect
+    triggers: list[str] = Field(
+        min_length=1,
+        description="cheap prefilter regexes (RE2/ERE subset: no lookaround, no backrefs); a line is only "
+        "tested against `patterns` when it matches one of these",
+    )
+    patterns: list[str] = Field(min_length=1, description="Python regexes; any match = this signature")
+    generic: bool = Field(
+        default=False,
+        description="a catch-all (e.g. any `No module named`): applies to a line only when no specific "
+        "signature matched that line",
+    )
+    cause: str = Field(min_length=1)
+    fixes: list[Fix] = Field(min_length=1, description="ordered from the lightest action to the heaviest")
+    env_vars: list[str] = Field(default_factory=list, description="environment variables worth citing")
+    docs: list[str] = Field(default_factory=list, description="where this is documented (URL or repo path)")
+    examples: Examples
+
+    @field_validator("id")
+    @classmethod
+    def _id_format(cls, value: str) -> str:
+        if not value.replace("_", "").isalnum() or value.lower() != value:
+            raise ValueError("id must be lower_snake_case")
+        return value
+
+    @model_validator(mode="after")
+    def _fixes_light_to_heavy(self) -> Signature:
+        ranks = [FIX_ORDER.index(f.action) for f in self.fixes]
+        if ranks != sorted(ranks):
+            order = " < ".join(FIX_ORDER)
+            raise ValueError(f"fixes must go from the lightest action to the heaviest ({order})")
+        if self.category == "none":
+            raise ValueError("category 'none' is the answer for healthy logs, not a signature category")
+        return self
+
+
+# --- diagnosis result (what diagnose_errors returns) -------------------------------------------------
+
+
+class Evidence(BaseModel):
+    file: str
+    line: int = Field(description="1-based line number in that file (\\n-separated)")
+    text: str = Field(description="the line, ANSI codes removed, cut to 500 characters")
+
+
+class Finding(BaseModel):
+    category: Category
+    rule_id: str
+    title: str
+    role: Role
+    effect: Effect
+    stage: SignatureStage
+    ranks: list[int] = Field(default_factory=list, description="ranks whose logs show it (when known)")
+    count: int = Field(description="matching lines over all inputs")
+    first_seen: str | None = Field(default=None, description="timestamp of the first occurrence, if logged")
+    evidence: list[Evidence] = Field(description="first few matching lines")
+    cause: str
+    fixes: list[Fix]
+    env_vars: list[str] = Field(default_factory=list)
+    docs: list[str] = Field(default_factory=list)
+
+
+class Progress(BaseModel):
+    iteration: int | None = None
+    total_iterations: int | None = None
+    last_loss: float | None = None
+    loss_trend: Literal["decreasing", "flat", "increasing", "unknown"] = "unknown"
+    step_time_ms: float | None = Field(default=None, description="elapsed time per iteration, last seen")
+    nan_iterations: int = 0
+    checkpoints_saved: int = 0
+
+
+class DiagnosisReport(BaseModel):
+    category: Category = Field(description="the root cause's category, or 'none' when nothing is wrong")
+    root_cause: Finding | None
+    findings: list[Finding] = Field(description="every signature seen, root cause first, then by time")
+    progress: Progress
+    files: list[str] = Field(description="inputs read")
+    lines: int = Field(description="lines read over all inputs")
+    bytes: int = Field(description="bytes read (decompressed) over all inputs")
