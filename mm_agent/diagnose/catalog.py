@@ -110,3 +110,16 @@ def load_catalog(directory: Path | None = None) -> tuple[CompiledSignature, ...]
 def get_catalog() -> tuple[CompiledSignature, ...]:
     """The shipped catalog, loaded once per process."""
     return load_catalog()
+
+
+def match_line(
+    line: str, catalog: tuple[CompiledSignature, ...] | None = None
+) -> list[tuple[CompiledSignature, re.Match[str]]]:
+    """Signatures that explain `line`: every specific one that matches, or the generic ones if none did."""
+    specific: list[tuple[CompiledSignature, re.Match[str]]] = []
+    generic: list[tuple[CompiledSignature, re.Match[str]]] = []
+    for entry in catalog if catalog is not None else get_catalog():
+        m = entry.match(line)
+        if m:
+            (generic if entry.sig.generic else specific).append((entry, m))
+    return specific or generic
