@@ -8,6 +8,8 @@ Commands are shell lines run from the MindSpeed-MM root after `env_setup` (which
 
 from __future__ import annotations
 
+import functools
+import posixpath
 import re
 import shlex
 from typing import Literal
@@ -15,12 +17,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from mm_agent.errors import MMAgentError
+from mm_agent.install.plan import host_arch
+from mm_agent.install.schema import Arch
+from mm_agent.install.steps import Layout, PlanStep, build_steps, plan_context
 from mm_agent.registry import get_registry
-from mm_agent.registry.schema import ModelEntry, SizeSpec, Stage, TaskSpec
-
-MM_REPO = "https://gitcode.com/Ascend/MindSpeed-MM.git"
-MINDSPEED_REPO = "https://gitcode.com/Ascend/MindSpeed.git"
-MEGATRON_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
+from mm_agent.registry.schema import ModelEntry, SizeSpec, Stage, TaskSpec, VersionInfo
 
 Direction = Literal["to_training", "to_hf"]
 
@@ -264,72 +265,91 @@ def _launch(launcher: str, script: str, nproc: int, nnodes: int) -> list[str]:
     return ["torchrun", *flags.split(), "--master_port", "6000", script]
 
 
-def _env_setup(version: str) -> PipelineStage:
-    info = get_registry().versions.get(get_registry().check_version(version))
+# Install commands come from the `install_deps` planner (mm_agent/install/plan.py), shown here as shell
+# lines for an activated environment, run from the folder that holds the MindSpeed-MM checkout; the
+# install tool runs the same steps with absolute paths and verifies each one.
+_SUMMARY = Layout(mm_root="MindSpeed-MM", src_dir=".", env_path="$VIRTUAL_ENV", python="python", pip=("pip",))
+
+
+@functools.lru_cache(maxsize=1)
+def _summary_arch() -> Arch:
+    """The install lines follow this machine's architecture (decord differs); x86_64 when it is neither."""
+    try:
+        return host_arch()
+    except MMAgentError:
+        return "x86_64"
+
+
+def _install_steps(entry: ModelEntry, version: str) -> tuple[VersionInfo, list[PlanStep]]:
+    reg = get_registry()
+    info = reg.versions.get(reg.check_version(version))
     assert info is not None
+    return info, build_steps(plan_context(entry, info, _SUMMARY, arch=_summary_arch(), registry=reg))
+
+
+def _uses_base_paths(argv: list[str]) -> bool:
+    roots = (_SUMMARY.mm_root, _SUMMARY.src_dir)
+    return any(word == r or word.startswith(r + "/") for word in argv for r in roots)
+
+
+def _shell_lines(steps: list[PlanStep], here: str) -> tuple[list[str], str]:
+    """Shell lines for the steps' commands, with a `cd` wherever the working directory matters."""
+    lines: list[str] = []
+    for step in steps:
+        for cmd in step.commands:
+            where = cmd.cwd or "."
+            if (cmd.cwd is not None or _uses_base_paths(cmd.argv)) and where != here:
+                lines.append(_sh(["cd", posixpath.relpath(where, here)]))
+                here = where
+            lines.append(_sh(cmd.argv))
+    return lines, here
+
+
+def _manual_notes(steps: list[PlanStep]) -> list[str]:
+    return [f"{s.title}: {'; '.join(s.instructions)}" for s in steps if s.manual]
+
+
+def _env_setup(entry: ModelEntry, version: str) -> PipelineStage:
+    info, steps = _install_steps(entry, version)
     ref = "master" if version == "master" else f"v{version}"
-    cmds = [_sh(["git", "clone", MM_REPO]), "cd MindSpeed-MM", _sh(["git", "checkout", ref])]
-    cmds += [_sh(["source", script]) for script in info.cann_env]
-    cmds.append(_sh(["pip", "install", f"torch=={info.torch}"]))
-    cmds += [
-        _sh(["git", "clone", "--depth", "1", "--branch", info.megatron, MEGATRON_REPO, "../Megatron-LM"]),
-        _sh(["cp", "-r", "../Megatron-LM/megatron", "."]),
-        _sh(["git", "clone", MINDSPEED_REPO, "../MindSpeed"]),
-    ]
-    if info.mindspeed_branch:
-        cmds.append(_sh(["git", "-C", "../MindSpeed", "checkout", info.mindspeed_branch]))
-    cmds += [_sh(["pip", "install", "-e", "../MindSpeed"]), _sh(["pip", "install", "-e", "."])]
+    base = [s for s in steps if s.stage == "env_setup"]
+    lines, here = _shell_lines(base, ".")
+    if here != _SUMMARY.mm_root:
+        lines.append(_sh(["cd", posixpath.relpath(_SUMMARY.mm_root, here)]))
+    cmds = [_sh(["source", script]) for script in info.cann_env] + lines
     notes = [f"Python {info.python}, torch {info.torch}, Megatron {info.megatron}."]
-    if info.torch_npu or info.cann:
-        notes.append(
-            f"Install the torch_npu {info.torch_npu or '?'} wheel for your arch; CANN {info.cann or '?'}."
-        )
-    else:
-        notes.append("Install the torch_npu wheel matching torch and your CANN version.")
-    if not info.mindspeed_branch:
-        notes.append("No MindSpeed branch recorded for this version; model_deps pins the commit.")
+    notes += _manual_notes(base)
+    notes.append(f"`mm-agent install {entry.id} --mm-version {version}` runs these steps with checks.")
     return PipelineStage(
         stage="env_setup",
         applies=True,
-        summary=f"MindSpeed-MM {ref} with MindSpeed, Megatron and CANN env",
+        summary=f"MindSpeed-MM {ref} with torch/torch_npu, MindSpeed, Megatron and CANN env",
         commands=cmds,
         notes=notes,
     )
 
 
 def _model_deps(entry: ModelEntry, version: str) -> PipelineStage:
+    _, steps = _install_steps(entry, version)
     overlay = entry.deps_for(version)
-    notes = list(entry.conflicts)
-    if overlay is None:
-        return PipelineStage(
-            stage="model_deps",
-            applies=False,
-            notes=notes,
-            summary=f"No model-specific dependencies for {entry.name} in {version}; base install only.",
+    mine = [s for s in steps if s.stage == "model_deps"]
+    cmds, _ = _shell_lines(mine, _SUMMARY.mm_root)
+    notes = [*(overlay.notes if overlay else []), *entry.conflicts]
+    if overlay is not None and overlay.install_sh is not None:
+        line = _sh(["bash", "scripts/install.sh", *overlay.install_sh])
+        notes.append(f"The README's one-click `{line}` is what env_setup does, with pinned, checked steps.")
+    scripts = [overlay.requirements_file] if overlay and overlay.requirements_file else []
+    scripts += overlay.scripts if overlay else []
+    if cmds:
+        summary = f"{entry.name} dependencies for MindSpeed-MM {version}"
+    elif overlay is not None and overlay.mindspeed_commit:
+        summary = (
+            f"{entry.name} needs nothing beyond the base install (MindSpeed at {overlay.mindspeed_commit})"
         )
-    cmds: list[str] = []
-    if overlay.install_sh is not None:
-        cmds.append(_sh(["bash", "scripts/install.sh", *overlay.install_sh]))
-    elif overlay.mindspeed_commit:
-        cmds += [
-            _sh(["git", "-C", "../MindSpeed", "checkout", overlay.mindspeed_commit]),
-            _sh(["pip", "install", "-e", "../MindSpeed"]),
-        ]
-    if overlay.requirements_file:
-        cmds.append(_sh(["pip", "install", "-r", overlay.requirements_file]))
-    if overlay.pip:
-        cmds.append(_sh(["pip", "install", *overlay.pip]))
-    cmds += overlay.extra_steps
+    else:
+        summary = f"No model-specific dependencies for {entry.name} in {version}; base install only."
     return PipelineStage(
-        stage="model_deps",
-        applies=bool(cmds),
-        commands=cmds,
-        notes=[*overlay.notes, *notes],
-        scripts=(["scripts/install.sh"] if overlay.install_sh is not None else [])
-        + ([overlay.requirements_file] if overlay.requirements_file else []),
-        summary=f"{entry.name} dependencies for MindSpeed-MM {version}"
-        if cmds
-        else f"{entry.name} needs nothing beyond the base install in {version}",
+        stage="model_deps", applies=bool(cmds), commands=cmds, notes=notes, scripts=scripts, summary=summary
     )
 
 
@@ -475,7 +495,7 @@ def build_pipeline(
     nproc = npus_per_node or size.parallel.npus_per_node
     nodes = nnodes or size.parallel.nnodes
     return [
-        _env_setup(version),
+        _env_setup(entry, version),
         _model_deps(entry, version),
         _weights(entry, size, version),
         _data_prep(entry, task, size),

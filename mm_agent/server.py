@@ -12,13 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import anyio
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from mm_agent import __version__
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
+from mm_agent.diagnose import DiagnoseRequest, DiagnosisReport, diagnose_errors
+from mm_agent.doctor import DoctorReport, DoctorRequest, check_environment
 from mm_agent.errors import MMAgentError
+from mm_agent.install.deps import InstallResult, install_deps
+from mm_agent.install.plan import InstallRequest
+from mm_agent.install.steps import PlanStep
+from mm_agent.procs import StopRequest, StopResult, stop_process
 from mm_agent.render import RenderRequest, RenderResult, render_job
 from mm_agent.route import RouteRequest, RouteResult, route_model
 from mm_agent.validate import ValidateRequest, ValidationReport, validate_configs
@@ -29,7 +37,8 @@ T = TypeVar("T")
 INSTRUCTIONS = """Tools that take a multimodal model to a running MindSpeed-MM training job on Ascend NPUs.
 Typical order: list_models or route_model (turn the user's request into model/task/backend) ->
 render_job (dry run first, then confirm=true to write the job directory) -> validate_configs
-(fix every error before spending NPU time). Paths are relative to the server's workspace."""
+(fix every error before spending NPU time). install_deps plans (dry run) or, with confirm=true, installs
+a model's stack. Paths are relative to the server's workspace."""
 
 READ_ONLY = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
@@ -77,6 +86,66 @@ def build_server(workspace: Path) -> MCPServer:
         pipeline layers, checkpoint layout under LOAD_PATH, data formats). Returns findings with severity,
         rule, file, field, message and fix; ok=false when any error is found."""
         return _call(lambda: validate_configs(req, root=root))
+
+    @mcp.tool(name="diagnose_errors", title="Find the root cause in training logs", annotations=READ_ONLY)
+    def diagnose_errors_tool(req: DiagnoseRequest) -> DiagnosisReport:
+        """Read log files or directories (plog trees, .gz) inside the workspace, or raw log `text`, and
+        return the one root cause (category, rule, ranks, evidence lines, cause, fixes from lightest to
+        heaviest) over the symptoms it caused on other ranks, every finding in time order, and the
+        training progress. category='none' with root_cause=null means nothing is wrong."""
+        return _call(lambda: diagnose_errors(req, root=root))
+
+    @mcp.tool(name="check_environment", title="Check the machine before launch", annotations=READ_ONLY)
+    def check_environment_tool(req: DoctorRequest) -> DoctorReport:
+        """Check everything on this machine that would break a MindSpeed-MM run: Python, torch/torch_npu,
+        CANN/NNAL env and versions, NPUs (npu-smi), the MindSpeed-MM checkout with megatron/ and MindSpeed,
+        the model's dependency overlay, decord, /dev/shm, MASTER_PORT and HCCL ports (naming the PID and
+        command line of any holder), leftover training processes, disk, RAM, multi-node NICs and CRLF
+        scripts of a rendered `job`. Each check: ok/warn/fail/skip with evidence and a fix; ok=false when
+        any check fails. Only reads; job/mm_root/python paths are confined to the workspace."""
+        return _call(lambda: check_environment(req, root=root))
+
+    @mcp.tool(
+        name="stop_process",
+        title="Stop a process mm-agent started",
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+        ),
+    )
+    def stop_process_tool(req: StopRequest) -> StopResult:
+        """Stop a process that mm-agent itself started (and its children): dry run by default (says what
+        would be signalled); with confirm=true SIGTERM, then SIGKILL after timeout_s. Refused for any
+        process mm-agent did not start or whose PID was reused; the error then names the PID, user and
+        command line and what the user can do by hand."""
+        return _call(lambda: stop_process(req))
+
+    @mcp.tool(
+        name="install_deps",
+        title="Plan or run the install of a model's dependencies",
+        # Changes (and can downgrade) packages in a Python environment, from package indexes and git hosts;
+        # re-running is a no-op because steps whose checks pass are skipped.
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=True
+        ),
+    )
+    async def install_deps_tool(req: InstallRequest, ctx: Context) -> InstallResult:
+        """The exact install sequence for a model on a MindSpeed-MM version and CPU architecture (x86_64 or
+        aarch64): system packages, the Python env, torch + torch_npu wheels, the MindSpeed-MM checkout,
+        Megatron-LM core_v0.12.1, MindSpeed at its pinned commit, the model's pinned packages and decord
+        (source build on aarch64); each step with argv, why and a verification command, plus cross-model
+        conflicts (also_models) and the plan as a bash script. Dry run by default; confirm=true runs it step
+        by step (skipping steps already done), logs, and stops at the first failure with its diagnosis.
+        Packages, versions and URLs come only from the registry; paths are confined to the workspace."""
+        if not req.confirm:
+            return _call(lambda: install_deps(req, root=root))
+
+        def on_progress(index: int, total: int, step: PlanStep, event: str) -> None:
+            done = index - 0.5 if event == "start" else float(index)
+            anyio.from_thread.run(ctx.report_progress, done, float(total), f"{step.id}: {event}")
+
+        return await anyio.to_thread.run_sync(
+            lambda: _call(lambda: install_deps(req, root=root, on_progress=on_progress))
+        )
 
     return mcp
 

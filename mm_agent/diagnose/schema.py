@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Category = Literal[
     "shm_bus_error",
@@ -116,15 +116,21 @@ class Signature(_Frozen):
             raise ValueError("id must be lower_snake_case")
         return value
 
-    @model_validator(mode="after")
-    def _fixes_light_to_heavy(self) -> Signature:
-        ranks = [FIX_ORDER.index(f.action) for f in self.fixes]
+    @field_validator("fixes")
+    @classmethod
+    def _fixes_light_to_heavy(cls, fixes: list[Fix]) -> list[Fix]:
+        ranks = [FIX_ORDER.index(f.action) for f in fixes]
         if ranks != sorted(ranks):
             order = " < ".join(FIX_ORDER)
             raise ValueError(f"fixes must go from the lightest action to the heaviest ({order})")
-        if self.category == "none":
+        return fixes
+
+    @field_validator("category")
+    @classmethod
+    def _not_none(cls, category: str) -> str:
+        if category == "none":
             raise ValueError("category 'none' is the answer for healthy logs, not a signature category")
-        return self
+        return category
 
 
 # --- diagnosis result (what diagnose_errors returns) -------------------------------------------------
@@ -153,13 +159,21 @@ class Finding(BaseModel):
     docs: list[str] = Field(default_factory=list)
 
 
+LossTrend = Literal["decreasing", "flat", "increasing", "unknown"]
+
+
 class Progress(BaseModel):
-    iteration: int | None = None
+    """Where training got to, from sampled Megatron iteration lines (reference §5.6)."""
+
+    iteration: int | None = Field(default=None, description="last iteration logged")
     total_iterations: int | None = None
-    last_loss: float | None = None
-    loss_trend: Literal["decreasing", "flat", "increasing", "unknown"] = "unknown"
+    first_loss: float | None = Field(default=None, description="first finite loss logged")
+    last_loss: float | None = Field(default=None, description="last loss logged (null when it was nan)")
+    loss_trend: LossTrend = Field(
+        default="unknown", description="first third of the sampled losses against the last third"
+    )
     step_time_ms: float | None = Field(default=None, description="elapsed time per iteration, last seen")
-    nan_iterations: int = 0
+    nan_iterations: int = Field(default=0, description="sum of `number of nan iterations` over the log")
     checkpoints_saved: int = 0
 
 
@@ -169,5 +183,7 @@ class DiagnosisReport(BaseModel):
     findings: list[Finding] = Field(description="every signature seen, root cause first, then by time")
     progress: Progress
     files: list[str] = Field(description="inputs read")
+    skipped: list[str] = Field(default_factory=list, description="files not read, with the reason")
+    notes: list[str] = Field(default_factory=list, description="what limited the reading (long lines, ...)")
     lines: int = Field(description="lines read over all inputs")
     bytes: int = Field(description="bytes read (decompressed) over all inputs")

@@ -19,14 +19,14 @@ from mm_agent.registry.schema import ModelEntry, VersionTable
 DATA_DIR = Path(__file__).with_name("data")
 
 
-def _read_yaml(path: Path) -> object:
+def read_yaml(path: Path) -> object:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise MMAgentError(f"invalid YAML: {exc}", file=str(path), fix="fix the YAML syntax") from exc
 
 
-def _validation_error(path: Path, exc: ValidationError) -> MMAgentError:
+def validation_error(path: Path, exc: ValidationError) -> MMAgentError:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "<root>"
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
@@ -46,11 +46,11 @@ def load_models(data_dir: Path | None = None) -> dict[str, ModelEntry]:
         raise MMAgentError("no model files found", file=str(models_dir), fix="reinstall mm-agent")
     models: dict[str, ModelEntry] = {}
     for path in files:
-        raw = _read_yaml(path)
+        raw = read_yaml(path)
         try:
             entry = ModelEntry.model_validate(raw)
         except ValidationError as exc:
-            raise _validation_error(path, exc) from exc
+            raise validation_error(path, exc) from exc
         if entry.id != path.stem:
             raise MMAgentError(
                 f"id {entry.id!r} differs from the file name",
@@ -65,9 +65,9 @@ def load_models(data_dir: Path | None = None) -> dict[str, ModelEntry]:
 def load_versions(data_dir: Path | None = None) -> VersionTable:
     path = (data_dir or DATA_DIR) / "versions.yaml"
     try:
-        return VersionTable.model_validate(_read_yaml(path))
+        return VersionTable.model_validate(read_yaml(path))
     except ValidationError as exc:
-        raise _validation_error(path, exc) from exc
+        raise validation_error(path, exc) from exc
 
 
 class Registry:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from mm_agent.registry.tokens import AbsPath, GitRef, HttpsUrl, PipRequirement, RelPath
 
 Family = Literal["vlm", "generative", "omni", "audio", "post-training"]
 Backend = Literal["megatron", "megatron+fsdp2", "fsdp2-native", "accelerate+deepspeed", "custom"]
@@ -51,6 +53,7 @@ Stage = Literal[
     "export",
 ]
 STAGES: tuple[Stage, ...] = get_args(Stage)
+GitRefAdapter: TypeAdapter[str] = TypeAdapter(GitRef)
 
 
 class _Frozen(BaseModel):
@@ -168,16 +171,95 @@ class TaskSpec(_Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
+class GitSource(_Frozen):
+    """A source checkout a model's README installs with `git clone; git checkout <ref>; pip install -e .`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="checkout folder name")
+    url: HttpsUrl
+    ref: GitRef
+
+
+# `scripts/install.sh` options (MindSpeed-MM scripts/install.sh, reference §6.2): flag -> takes a value.
+INSTALL_SH_OPTIONS: dict[str, bool] = {
+    "--megatron": False,
+    "-mt": False,
+    "--msid": True,
+    "-m": True,
+    "--msbranch": True,
+    "-b": True,
+    "--torchversion": True,
+    "-t": True,
+    "--yes": False,
+    "-y": False,
+    "--no": False,
+    "-n": False,
+}
+_INSTALL_SH_ALIASES = {"-mt": "--megatron", "-m": "--msid", "-b": "--msbranch", "-t": "--torchversion"}
+
+
 class DepsOverlay(_Frozen):
-    """Model-specific install steps on top of the base MindSpeed-MM install, for a range of versions."""
+    """Model-specific install steps on top of the base MindSpeed-MM install, for a range of versions.
+
+    Every string here reaches a command line, so each has a strict type (registry/tokens.py); there is no
+    free-form shell. A README command that is not a pip requirement, a requirements file, a script in the
+    checkout or a git source does not fit and has to be modelled first.
+    """
 
     versions: VersionRange = VersionRange()
-    pip: list[str] = Field(default_factory=list, description="requirement specifiers, in install order")
-    requirements_file: str | None = Field(default=None, description="requirements file in the MM checkout")
-    install_sh: list[str] | None = Field(default=None, description="arguments to `bash scripts/install.sh`")
-    mindspeed_commit: str | None = None
-    extra_steps: list[str] = Field(default_factory=list, description="other documented commands")
+    pip: list[PipRequirement] = Field(
+        default_factory=list,
+        description="PEP 508 requirements, in install order (git pins as name @ git+https://…@ref)",
+    )
+    requirements_file: RelPath | None = Field(
+        default=None, description="requirements file in the MM checkout"
+    )
+    install_sh: list[str] | None = Field(
+        default=None, description="arguments of the README's `bash scripts/install.sh` line"
+    )
+    mindspeed_commit: GitRef | None = None
+    scripts: list[RelPath] = Field(
+        default_factory=list, description="install scripts in the MM checkout, run with bash from its root"
+    )
+    git_sources: list[GitSource] = Field(
+        default_factory=list, description="source checkouts to pip install -e"
+    )
     notes: list[str] = Field(default_factory=list)
+
+    @field_validator("install_sh")
+    @classmethod
+    def _known_install_sh_options(cls, value: list[str] | None) -> list[str] | None:
+        args = list(value or [])
+        while args:
+            flag = args.pop(0)
+            if flag not in INSTALL_SH_OPTIONS:
+                raise ValueError(
+                    f"unknown scripts/install.sh option {flag!r}; known: {sorted(INSTALL_SH_OPTIONS)}"
+                )
+            if INSTALL_SH_OPTIONS[flag]:
+                if not args:
+                    raise ValueError(f"scripts/install.sh option {flag} needs a value")
+                GitRefAdapter.validate_python(args.pop(0))
+        return value
+
+    def install_sh_option(self, name: str) -> str | bool | None:
+        """Value of an install.sh option (long name), True for a set flag, None when absent."""
+        args = list(self.install_sh or [])
+        while args:
+            flag = _INSTALL_SH_ALIASES.get(args[0], args[0])
+            takes_value = INSTALL_SH_OPTIONS[args.pop(0)]
+            value = args.pop(0) if takes_value else True
+            if flag == name:
+                return value
+        return None
+
+    @model_validator(mode="after")
+    def _msid_matches_commit(self) -> DepsOverlay:
+        msid = self.install_sh_option("--msid")
+        if isinstance(msid, str) and self.mindspeed_commit not in (None, msid):
+            raise ValueError(
+                f"install.sh --msid {msid} differs from mindspeed_commit {self.mindspeed_commit}"
+            )
+        return self
 
 
 class ModelEntry(_Frozen):
@@ -238,13 +320,15 @@ class ModelEntry(_Frozen):
 class VersionInfo(_Frozen):
     id: str
     released: str
-    mindspeed_branch: str | None = None
-    megatron: str = "core_v0.12.1"
-    torch: str
-    torch_npu: str | None = None
+    mindspeed_branch: GitRef | None = None
+    megatron: GitRef = "core_v0.12.1"
+    torch: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+    torch_npu: str | None = Field(
+        default=None, description="TorchNPU release (the product version, e.g. 26.0.0)"
+    )
     cann: str | None = None
-    python: str = "3.10"
-    cann_env: list[str] = Field(description="set_env.sh scripts to source, in order")
+    python: str = Field(default="3.10", pattern=r"^3\.\d+$")
+    cann_env: list[AbsPath] = Field(description="set_env.sh scripts to source, in order")
     base_pins: dict[str, str] = Field(description="pins of the base pyproject.toml (package -> specifier)")
     root_entry_points: list[str]
 

@@ -1,0 +1,95 @@
+"""`mm-agent doctor`: check this machine before launching; exit 1 when any check fails."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mm_agent.doctor import CHECKS, DoctorReport, DoctorRequest, check_environment
+
+from .output import add_json_flag, console, print_json
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check the machine for everything that would break a MindSpeed-MM run",
+        description="Check Python, torch/torch_npu, CANN, NPUs, the MindSpeed-MM checkout, dependencies, "
+        "ports, shared memory, disk and RAM. Safe to run first: it only reads.",
+        epilog="checks: "
+        + ", ".join(CHECKS)
+        + "\nexample: mm-agent doctor --model wan2.1 --mm-root ~/MindSpeed-MM",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", help="registry model id (enables its dependency, RAM and disk checks)")
+    p.add_argument("--task", help="task id used with --model (t2v, sft, ...)")
+    p.add_argument("--size", help="model size id (1.3b, 14b, ...)")
+    p.add_argument("--mm-version", help="MindSpeed-MM version to check against (default: registry default)")
+    p.add_argument("--mm-root", help="MindSpeed-MM checkout (default: job, $MM_ROOT, ./MindSpeed-MM)")
+    p.add_argument("--job", help="rendered job directory: use its model, version, ports, workers and scripts")
+    p.add_argument("--master-port", type=int, help="MASTER_PORT to check (default: job, $MASTER_PORT, 6000)")
+    p.add_argument(
+        "--python", help="interpreter of the training environment (default: the one running mm-agent)"
+    )
+    p.add_argument(
+        "--check", dest="checks", action="extend", nargs="+", metavar="ID", help="run only these checks"
+    )
+    p.add_argument("--timeout", type=float, default=2.5, help="seconds per probe (default 2.5)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show the evidence of every check")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def render(report: DoctorReport, verbose: bool) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    m = report.machine
+    title = f"mm-agent doctor: {m.hostname} ({m.arch}), Python {m.python}, MindSpeed-MM {m.mm_version}"
+    if m.model:
+        title += f", {m.model}"
+    table = Table(title=title, show_lines=False, expand=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("result")
+    for c in report.checks:
+        table.add_row(Text(c.status.upper(), style=STYLE[c.status]), c.id, Text(c.summary))
+        if verbose:
+            for line in c.evidence:
+                table.add_row("", "", Text(f"  {line}", style="dim"))
+        if c.fix and c.status in {"fail", "warn"}:
+            table.add_row("", "", Text(f"To fix: {c.fix}", style=STYLE[c.status].replace("bold ", "")))
+    out = console()
+    out.print(table)
+    n = report.counts
+    summary = f"{n['fail']} failed, {n['warn']} warning(s), {n['ok']} ok, {n['skip']} skipped in {report.duration_ms / 1000:.1f} s"
+    if report.ok:
+        out.print(Text.assemble(("READY", "bold green"), f": {summary}"))
+    else:
+        out.print(
+            Text.assemble(("NOT READY", "bold red"), f": {summary}. Fix the failures above, then rerun.")
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    report = check_environment(
+        DoctorRequest(
+            model=args.model,
+            task=args.task,
+            size=args.size,
+            mm_version=args.mm_version,
+            mm_root=args.mm_root,
+            job=args.job,
+            master_port=args.master_port,
+            python=args.python,
+            checks=args.checks,
+            timeout_s=args.timeout,
+        )
+    )
+    if args.json:
+        print_json(report)
+    else:
+        render(report, args.verbose)
+    return 0 if report.ok else 1

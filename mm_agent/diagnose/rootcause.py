@@ -1,0 +1,85 @@
+"""From per-rule hits to the report: pick the one root cause and order the rest by time.
+
+The rule (catalog_plan.md): the earliest primary fatal finding wins over everything it causes; without
+one, the earliest primary silent finding (random init, unconverted keys, nan loss: training went on but
+is wrong); without one, the earliest secondary symptom, preferring one with a known category over a
+generic wrapper (`unknown`: ChildFailedError, ERR0xxxx) that says only that something failed. Warnings
+are listed but never the root cause, so a log with only warnings is healthy (`category: none`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from mm_agent.diagnose.scan import RuleHits, ScanContext
+from mm_agent.diagnose.schema import DiagnosisReport, Finding, Fix
+
+_NAMED = re.compile(r"\{(\w+)\}")
+GROUP_CHARS = 200
+
+
+def fill(text: str, groups: dict[str, str]) -> str:
+    """Put `{name}` regex groups into catalog text; unknown names stay as written."""
+    return _NAMED.sub(lambda m: groups.get(m.group(1), m.group(0))[:GROUP_CHARS], text)
+
+
+def _tier(rule: RuleHits) -> int | None:
+    sig = rule.entry.sig
+    if sig.effect == "warning":
+        return None
+    if sig.role == "primary":
+        return 0 if sig.effect == "fatal" else 1
+    return 3 if sig.category == "unknown" else 2
+
+
+def pick_root(rules: Iterable[RuleHits]) -> RuleHits | None:
+    ranked = [(tier, rule.hits[0].key, rule) for rule in rules if (tier := _tier(rule)) is not None]
+    return min(ranked, key=lambda t: (t[0], t[1]))[2] if ranked else None
+
+
+def to_finding(rule: RuleHits) -> Finding:
+    sig = rule.entry.sig
+    first = rule.hits[0]
+    groups = first.groups
+    return Finding(
+        category=sig.category,
+        rule_id=sig.id,
+        title=fill(sig.title, groups),
+        role=sig.role,
+        effect=sig.effect,
+        stage=sig.stage,
+        ranks=sorted(rule.ranks),
+        count=rule.count,
+        first_seen=first.stamp.iso() if first.stamp else None,
+        evidence=[h.evidence for h in rule.hits],
+        cause=fill(sig.cause, groups),
+        fixes=[
+            Fix(
+                action=f.action,
+                text=fill(f.text, groups),
+                command=fill(f.command, groups) if f.command else None,
+            )
+            for f in sig.fixes
+        ],
+        env_vars=list(sig.env_vars),
+        docs=list(sig.docs),
+    )
+
+
+def build_report(ctx: ScanContext) -> DiagnosisReport:
+    rules = sorted(ctx.rules.values(), key=lambda r: r.hits[0].key)
+    root = pick_root(rules)
+    ordered = ([root] if root else []) + [r for r in rules if r is not root]
+    findings = [to_finding(r) for r in ordered]
+    return DiagnosisReport(
+        category=findings[0].category if root else "none",
+        root_cause=findings[0] if root else None,
+        findings=findings,
+        progress=ctx.progress.summary(),
+        files=ctx.files,
+        skipped=ctx.skipped,
+        notes=ctx.notes,
+        lines=ctx.lines,
+        bytes=ctx.bytes,
+    )

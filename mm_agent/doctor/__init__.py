@@ -1,0 +1,86 @@
+"""`check_environment` (CLI `mm-agent doctor`): everything on this machine that will break a MindSpeed-MM run,
+found before launch, each finding with its evidence and the fix.
+
+The checks live in `checks_*.py` (one module per group) and register themselves in `registry.CHECKS`
+when imported; `CHECK_MODULES` below imports them in report order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+from mm_agent.doctor.context import Context
+from mm_agent.doctor.models import CheckResult, DoctorReport, DoctorRequest, MachineSummary
+from mm_agent.doctor.probes import ProbeError
+from mm_agent.doctor.registry import CHECKS, run_checks
+from mm_agent.errors import MMAgentError
+
+__all__ = ["CHECKS", "CheckResult", "DoctorReport", "DoctorRequest", "check_environment"]
+
+# Importing a check module registers its checks; this order is the report's order.
+CHECK_MODULES = (
+    "checks_python",
+    "checks_ascend",
+    "checks_mm",
+    "checks_resources",
+    "checks_ports",
+    "checks_multinode",
+    "checks_job",
+)
+for _name in CHECK_MODULES:
+    importlib.import_module(f"mm_agent.doctor.{_name}")
+
+
+def _machine(ctx: Context) -> MachineSummary:
+    try:
+        env = ctx.pyenv()
+        python, executable = env.python, env.executable
+    except ProbeError:
+        python, executable = "?", ctx.python
+    try:
+        smi = ctx.npu()
+    except Exception:  # reported by npu_devices; the summary just leaves it out
+        smi = None
+    return MachineSummary(
+        hostname=socket.gethostname(),
+        platform=platform.platform(terse=True),
+        arch=platform.machine(),
+        cpus=os.cpu_count() or 1,
+        python=python,
+        python_executable=executable,
+        mm_version=ctx.version.id,
+        model=f"{ctx.model.id} {ctx.size.id if ctx.size else ''}".strip() if ctx.model else None,
+        mm_root=str(ctx.mm_root) if ctx.mm_root else None,
+        job=str(ctx.job_dir) if ctx.job_dir else None,
+        npus=len(smi.chips) if smi is not None and smi.error is None else None,
+    )
+
+
+def check_environment(req: DoctorRequest, root: Path | None = None) -> DoctorReport:
+    """Run the registered checks (all, or `req.checks`) concurrently. With `root` (the MCP workspace) the
+    job, mm_root and python paths must lie inside it."""
+    start = time.monotonic()
+    if req.checks:
+        unknown = [c for c in req.checks if c not in CHECKS]
+        if unknown:
+            raise MMAgentError(
+                f"unknown check id(s): {', '.join(unknown)}",
+                field="checks",
+                fix=f"use some of: {', '.join(CHECKS)}",
+            )
+    selected = [CHECKS[c] for c in CHECKS if not req.checks or c in req.checks]
+    ctx = Context.build(req, root)
+    results = run_checks(ctx, selected)
+    counts = {s: sum(r.status == s for r in results) for s in ("ok", "warn", "fail", "skip")}
+    return DoctorReport(
+        ok=counts["fail"] == 0,
+        counts=counts,
+        machine=_machine(ctx),
+        checks=results,
+        duration_ms=round((time.monotonic() - start) * 1000),
+    )

@@ -1,0 +1,264 @@
+"""What the checks look at: the request resolved against the registry and an optional rendered job, plus
+shared probes computed once per run (thread-safe, because checks run concurrently).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mm_agent import procs
+from mm_agent.doctor.models import DoctorRequest
+from mm_agent.doctor.probes import EnvProbe, ProbeError, run_env_probe
+from mm_agent.errors import MMAgentError
+from mm_agent.jobspec import ResolvedJob, resolve_job
+from mm_agent.npu_smi import NpuSmiInfo, query
+from mm_agent.paths import confine
+from mm_agent.registry import Registry, get_registry
+from mm_agent.registry.schema import ModelEntry, SizeSpec, TaskSpec, VersionInfo
+
+T = TypeVar("T")
+
+DEFAULT_MASTER_PORT = 6000  # MindSpeed-MM example scripts
+DEFAULT_NUM_WORKERS = 8  # `--num-workers 8` in MindSpeed-MM example scripts
+
+# Packages whose versions the checks compare; model overlays add theirs.
+BASE_DISTS = (
+    "torch",
+    "torch_npu",
+    "mindspeed",
+    "mindspeed_mm",
+    "megatron_core",
+    "diffusers",
+    "transformers",
+    "peft",
+    "accelerate",
+    "decord",
+    "eva-decord",
+)
+PROBED_MODULES = ("megatron", "mindspeed", "mindspeed_mm", "decord", "torch_npu")
+
+
+def requirement(spec: str) -> Any:
+    """packaging Requirement of a registry pip spec, None when it is not one."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        return Requirement(spec)
+    except InvalidRequirement:
+        return None
+
+
+class Context:
+    """Resolved inputs of one doctor run. Build with `Context.build`."""
+
+    def __init__(self, req: DoctorRequest, registry: Registry, base: Path, root: Path | None) -> None:
+        self.req = req
+        self.registry = registry
+        self.base = base
+        self.root = root
+        self.env: dict[str, str] = dict(os.environ)
+        self.timeout_s = req.timeout_s
+        self.deadline = time.monotonic() + req.timeout_s
+        self.job_dir: Path | None = None
+        self.job: ResolvedJob | None = None
+        self.model: ModelEntry | None = None
+        self.task: TaskSpec | None = None
+        self.size: SizeSpec | None = None
+        self.version: VersionInfo
+        self.mm_root: Path | None = None
+        self.mm_root_source = ""
+        self.python = sys.executable
+        self.master_port = DEFAULT_MASTER_PORT
+        self.master_port_source = "MindSpeed-MM script default"
+        self.num_workers = DEFAULT_NUM_WORKERS
+        self.num_workers_source = "MindSpeed-MM example default (--num-workers 8)"
+        self.npus_per_node: int | None = None
+        self.nnodes = 1
+        self.tp = 1
+        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._cache: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------------------------
+    # building
+
+    def _path(self, value: str) -> Path:
+        if self.root is not None:
+            return confine(value, self.root)
+        path = Path(value).expanduser()
+        return (path if path.is_absolute() else self.base / path).resolve()
+
+    @classmethod
+    def build(cls, req: DoctorRequest, root: Path | None = None) -> Context:
+        from mm_agent.render import JOB_FILE, load_job_spec
+
+        reg = get_registry()
+        base = (root or Path.cwd()).resolve()
+        ctx = cls(req, reg, base, root.resolve() if root else None)
+        spec = None
+        if req.job:
+            ctx.job_dir = ctx._path(req.job)
+            job_file = ctx.job_dir / JOB_FILE
+            if not job_file.is_file():
+                raise MMAgentError(
+                    f"{ctx.job_dir} is not a rendered job (no {JOB_FILE})",
+                    field="job",
+                    fix="pass the directory `mm-agent render --out` wrote",
+                )
+            spec = load_job_spec(job_file)
+            if req.model and req.model != spec.model:
+                spec = spec.model_copy(update={"model": req.model})
+            if req.mm_version:
+                spec = spec.model_copy(update={"mm_version": req.mm_version})
+            ctx.job = resolve_job(spec, ctx.job_dir, base=base, registry=reg)
+            ctx.model, ctx.task, ctx.version = ctx.job.entry, ctx.job.task, ctx.job.version
+            ctx.size = ctx.job.size
+            ctx.npus_per_node, ctx.nnodes, ctx.tp = ctx.job.npus_per_node, ctx.job.nnodes, ctx.job.tp
+            ctx.num_workers, ctx.num_workers_source = spec.num_workers, f"{JOB_FILE} num_workers"
+        else:
+            version = reg.versions.get(reg.check_version(req.mm_version or reg.versions.default))
+            assert version is not None  # check_version raised otherwise
+            ctx.version = version
+            if req.model:
+                ctx._resolve_model(req.model, req.task, req.size)
+        ctx._resolve_mm_root()
+        ctx._resolve_master_port(spec.master_port if spec else None)
+        if req.python:
+            ctx.python = str(ctx._path(req.python))
+        return ctx
+
+    def _resolve_model(self, model: str, task: str | None, size: str | None) -> None:
+        entry = self.registry.get(model)
+        if not entry.versions.contains(self.version.id):
+            raise MMAgentError(
+                f"{entry.id} is not in MindSpeed-MM {self.version.id} (it exists in {entry.versions.describe()})",
+                field="mm_version",
+                fix=f"pass --mm-version with a version that has {entry.id}",
+            )
+        self.model = entry
+        if task:
+            self.task = entry.task(task)
+            if self.task is None:
+                have = sorted({t.id for t in entry.tasks})
+                raise MMAgentError(
+                    f"{entry.id} has no task {task!r}", field="task", fix=f"use one of: {', '.join(have)}"
+                )
+        else:
+            self.task = entry.tasks[0]
+        if size:
+            self.size = entry.size(size)
+            if self.size is None:
+                raise MMAgentError(
+                    f"{entry.id} has no size {size!r}",
+                    field="size",
+                    fix=f"use one of: {', '.join(s.id for s in entry.sizes)}",
+                )
+        else:
+            allowed = [s for s in entry.sizes if self.task.sizes is None or s.id in self.task.sizes]
+            self.size = (allowed or entry.sizes)[0]
+        par = self.size.parallel
+        self.npus_per_node, self.nnodes, self.tp = par.npus_per_node, par.nnodes, par.tp
+
+    def _resolve_mm_root(self) -> None:
+        env_root = self.env.get("MM_ROOT")
+        if self.req.mm_root:
+            self.mm_root, self.mm_root_source = self._path(self.req.mm_root), "--mm-root"
+        elif self.job is not None:
+            # The rendered scripts run `cd "${MM_ROOT:-<job mm_root>}"`: mirror that.
+            if env_root:
+                self.mm_root, self.mm_root_source = (
+                    Path(env_root).expanduser(),
+                    "$MM_ROOT (overrides the job's)",
+                )
+            else:
+                self.mm_root, self.mm_root_source = Path(self.job.mm_root), "job.yaml mm_root"
+        elif env_root:
+            self.mm_root, self.mm_root_source = Path(env_root).expanduser(), "$MM_ROOT"
+        elif (self.base / "MindSpeed-MM").is_dir():
+            self.mm_root, self.mm_root_source = self.base / "MindSpeed-MM", "./MindSpeed-MM"
+        elif (self.base / "mindspeed_mm").is_dir():
+            self.mm_root, self.mm_root_source = self.base, "current directory"
+
+    def _resolve_master_port(self, job_port: int | None) -> None:
+        env_port = self.env.get("MASTER_PORT", "")
+        if self.req.master_port is not None:
+            self.master_port, self.master_port_source = self.req.master_port, "--master-port"
+        elif job_port is not None:
+            self.master_port, self.master_port_source = job_port, "job.yaml master_port"
+        elif env_port.isdigit() and 0 < int(env_port) < 65536:
+            self.master_port, self.master_port_source = int(env_port), "$MASTER_PORT"
+
+    # ------------------------------------------------------------------------------------------------
+    # shared probes
+
+    def remaining(self) -> float:
+        """Seconds left of this run's probe budget (at least a sliver, so a late probe still answers)."""
+        return max(0.2, self.deadline - time.monotonic())
+
+    def _once(self, key: str, fn: Callable[[], T]) -> T:
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._cache:
+                try:
+                    self._cache[key] = fn()
+                except Exception as exc:  # remembered, so every check reports the same failure
+                    self._cache[key] = exc
+            value = self._cache[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def _overlay_names(self) -> tuple[list[str], list[str]]:
+        """(every package the model overlay names, those installed from git whose commit matters)."""
+        overlay = self.overlay()
+        if overlay is None:
+            return [], []
+        from packaging.utils import canonicalize_name
+
+        names: list[str] = []
+        from_git: list[str] = [canonicalize_name(s.name) for s in overlay.git_sources]
+        for spec in overlay.pip:
+            req = requirement(spec)
+            if req is not None:
+                names.append(req.name)
+                if req.url:
+                    from_git.append(req.name)
+        return names + from_git, from_git
+
+    def dist_names(self) -> list[str]:
+        return sorted({*BASE_DISTS, *self.version.base_pins, *self._overlay_names()[0]})
+
+    def pyenv(self) -> EnvProbe:
+        """Packages of the checked interpreter (raises ProbeError when it cannot be probed)."""
+        request = {
+            "dists": self.dist_names(),
+            "requires": ["torch_npu"],
+            "direct_url": ["mindspeed", "mindspeed_mm", *self._overlay_names()[1]],
+            "modules": list(PROBED_MODULES),
+        }
+        return self._once(
+            "pyenv", lambda: run_env_probe(self.python, request, env=self.env, timeout_s=self.remaining())
+        )
+
+    def npu(self) -> NpuSmiInfo | None:
+        """`npu-smi info` parsed; None when npu-smi is not installed."""
+        return self._once("npu", lambda: query(timeout_s=self.remaining()))
+
+    def listeners(self) -> dict[int, set[int | None]]:
+        return self._once("listeners", procs.listening_ports)
+
+    def records(self) -> dict[int, procs.ProcRecord]:
+        return self._once("records", procs.live_records)
+
+    def overlay(self) -> Any:
+        return self.model.deps_for(self.version.id) if self.model else None
+
+
+__all__ = ["Context", "ProbeError", "requirement"]

@@ -1,0 +1,68 @@
+"""Request and report of `check_environment` (CLI `mm-agent doctor`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["ok", "warn", "fail", "skip"]
+STATUS_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
+
+
+class DoctorRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, description="registry model id: enables its deps/RAM/disk checks")
+    task: str | None = Field(default=None, description="task id (t2v, sft, ...) used with model")
+    size: str | None = Field(default=None, description="model size id (1.3b, 14b, ...); default: the first")
+    mm_version: str | None = Field(
+        default=None, description="MindSpeed-MM version (default: registry default)"
+    )
+    mm_root: str | None = Field(
+        default=None, description="MindSpeed-MM checkout (default: job, $MM_ROOT, ./MindSpeed-MM, cwd)"
+    )
+    job: str | None = Field(
+        default=None, description="rendered job directory: its job.yaml sets model/version/ports/workers"
+    )
+    master_port: int | None = Field(
+        default=None, ge=1, le=65535, description="default: job, $MASTER_PORT, 6000"
+    )
+    python: str | None = Field(
+        default=None,
+        description="interpreter of the training environment (default: the one running mm-agent)",
+    )
+    checks: list[str] | None = Field(default=None, description="run only these check ids")
+    timeout_s: float = Field(default=2.5, gt=0, le=60, description="time limit of each probe and check")
+
+
+class CheckResult(BaseModel):
+    id: str
+    title: str
+    status: Status
+    summary: str
+    evidence: list[str] = Field(default_factory=list)
+    fix: str | None = Field(default=None, description="'To fix: ...' text; set for warn and fail")
+    duration_ms: int = 0
+
+
+class MachineSummary(BaseModel):
+    hostname: str
+    platform: str
+    arch: str
+    cpus: int
+    python: str = Field(description="version of the checked interpreter")
+    python_executable: str
+    mm_version: str
+    model: str | None = None
+    mm_root: str | None = None
+    job: str | None = None
+    npus: int | None = Field(default=None, description="NPUs from `npu-smi info`; None without npu-smi")
+
+
+class DoctorReport(BaseModel):
+    ok: bool = Field(description="true when no check failed")
+    counts: dict[str, int] = Field(description="checks per status: ok, warn, fail, skip")
+    machine: MachineSummary
+    checks: list[CheckResult]
+    duration_ms: int

@@ -1,0 +1,121 @@
+"""The check registry and the concurrent runner.
+
+A check is one function `fn(ctx) -> Outcome` registered with `@check(id, title)`; adding a check is adding
+one function to one of the `checks_*.py` modules. The runner gives each check its own daemon thread (a
+check stuck on a hung filesystem cannot block the exit), waits until the run's deadline, and turns a check
+that raised into a `fail` naming the check, so doctor itself never crashes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from mm_agent.doctor.context import Context
+from mm_agent.doctor.models import CheckResult, Status
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    summary: str
+    evidence: list[str] = field(default_factory=list)
+    fix: str | None = None
+
+
+def ok(summary: str, evidence: Iterable[str] = ()) -> Outcome:
+    return Outcome("ok", summary, list(evidence))
+
+
+def warn(summary: str, fix: str, evidence: Iterable[str] = ()) -> Outcome:
+    return Outcome("warn", summary, list(evidence), fix)
+
+
+def fail(summary: str, fix: str, evidence: Iterable[str] = ()) -> Outcome:
+    return Outcome("fail", summary, list(evidence), fix)
+
+
+def skip(summary: str, evidence: Iterable[str] = ()) -> Outcome:
+    return Outcome("skip", summary, list(evidence))
+
+
+CheckFn = Callable[[Context], Outcome]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    fn: CheckFn
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def check(check_id: str, title: str) -> Callable[[CheckFn], CheckFn]:
+    """Register `fn` under `check_id`; the report lists checks in registration order."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        if check_id in CHECKS:
+            raise ValueError(f"duplicate doctor check id {check_id!r}")
+        CHECKS[check_id] = Check(check_id, title, fn)
+        return fn
+
+    return register
+
+
+def _run_one(chk: Check, ctx: Context, results: dict[str, CheckResult]) -> None:
+    start = time.monotonic()
+    try:
+        out = chk.fn(ctx)
+    except Exception as exc:
+        out = Outcome(
+            "fail",
+            f"check {chk.id!r} crashed: {type(exc).__name__}: {exc}",
+            [f"{type(exc).__name__}: {exc}"],
+            f"this is a bug in mm-agent's {chk.id!r} check, not necessarily in your setup: report it, and "
+            f"run the remaining checks with --check to see the rest",
+        )
+    results[chk.id] = CheckResult(
+        id=chk.id,
+        title=chk.title,
+        status=out.status,
+        summary=out.summary,
+        evidence=out.evidence,
+        fix=out.fix,
+        duration_ms=round((time.monotonic() - start) * 1000),
+    )
+
+
+def run_checks(ctx: Context, checks: list[Check]) -> list[CheckResult]:
+    """Run `checks` concurrently; any still running at the deadline is reported as timed out."""
+    results: dict[str, CheckResult] = {}
+    threads = [
+        threading.Thread(target=_run_one, args=(c, ctx, results), name=f"doctor-{c.id}", daemon=True)
+        for c in checks
+    ]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    grace = 0.5  # probes stop at the deadline; leave them time to report
+    for t in threads:
+        t.join(max(0.0, ctx.deadline + grace - time.monotonic()))
+    out = []
+    for c in checks:
+        res = results.get(c.id)
+        if res is None:
+            res = CheckResult(
+                id=c.id,
+                title=c.title,
+                status="warn",
+                summary=f"did not finish within {ctx.timeout_s:g} s",
+                fix=(
+                    f"run `mm-agent doctor --check {c.id} --timeout {ctx.timeout_s * 4:g}`; a check this slow "
+                    "usually means a hung network filesystem or an overloaded machine"
+                ),
+                duration_ms=round((time.monotonic() - start) * 1000),
+            )
+        out.append(res)
+    return out
