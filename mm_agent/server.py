@@ -35,10 +35,12 @@ log = logging.getLogger("mm_agent.server")
 T = TypeVar("T")
 
 INSTRUCTIONS = """Tools that take a multimodal model to a running MindSpeed-MM training job on Ascend NPUs.
-Typical order: list_models or route_model (turn the user's request into model/task/backend) ->
-render_job (dry run first, then confirm=true to write the job directory) -> validate_configs
-(fix every error before spending NPU time). install_deps plans (dry run) or, with confirm=true, installs
-a model's stack. Paths are relative to the server's workspace."""
+Typical order: check_environment (what on this machine will break a run) -> list_models or route_model
+(turn the user's request into model/task/backend) -> install_deps (dry-run plan; confirm=true installs)
+-> render_job (dry run first, then confirm=true to write the job directory) -> validate_configs (fix every
+error before spending NPU time). When a run fails or looks wrong, diagnose_errors on its logs gives the one
+root cause with evidence and fixes; stop_process stops only processes mm-agent started.
+Paths are relative to the server's workspace."""
 
 READ_ONLY = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False

@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from mm_agent.diagnose.schema import Signature
 from mm_agent.errors import MMAgentError
+from mm_agent.registry import read_yaml, validation_error
 
 SIGNATURES_DIR = Path(__file__).with_name("signatures")
 
@@ -70,17 +70,9 @@ def _check_re2(path: Path, rule: str, index: int, source: str) -> None:
 
 def load_signature(path: Path) -> CompiledSignature:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise MMAgentError(f"invalid YAML: {exc}", file=str(path), fix="fix the YAML syntax") from exc
-    try:
-        sig = Signature.model_validate(raw)
+        sig = Signature.model_validate(read_yaml(path))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise MMAgentError(
-            first["msg"], file=str(path), field=field, fix="match mm_agent/diagnose/schema.py"
-        ) from exc
+        raise validation_error(path, exc, schema="mm_agent/diagnose/schema.py") from exc
     if sig.id != path.stem:
         raise MMAgentError(
             f"id {sig.id!r} differs from the file name",

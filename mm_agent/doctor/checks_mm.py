@@ -13,10 +13,14 @@ from mm_agent.doctor.checks_python import probe_or_fail
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.gitinfo import editable_dir, git_head
 from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
+from mm_agent.install.schema import Repos, load_install_knowledge
 
-MM_REPO = "https://gitcode.com/Ascend/MindSpeed-MM.git"
-MINDSPEED_REPO = "https://gitcode.com/Ascend/MindSpeed.git"
-MEGATRON_REPO = "https://github.com/NVIDIA/Megatron-LM.git"
+
+def _repos(ctx: Context) -> Repos:
+    """Repository URLs from the install data (the same ones `install_deps` clones)."""
+    return load_install_knowledge(ctx.registry).repos
+
+
 _PACKAGE_INFO = re.compile(r"^(MAJOR|MINOR|PATCH)\s*=\s*(\d+)", re.MULTILINE)
 
 
@@ -24,14 +28,14 @@ def _mm_root_or_fail(ctx: Context) -> Path | Outcome:
     if ctx.mm_root is None:
         return fail(
             "no MindSpeed-MM checkout found",
-            f"pass --mm-root DIR (or export MM_ROOT=DIR); to get one: git clone {MM_REPO} && "
+            f"pass --mm-root DIR (or export MM_ROOT=DIR); to get one: git clone {_repos(ctx).mindspeed_mm} && "
             f"cd MindSpeed-MM && git checkout v{ctx.version.id}",
             ["looked at --mm-root, the job's mm_root, $MM_ROOT, ./MindSpeed-MM and the current directory"],
         )
     if not ctx.mm_root.is_dir():
         return fail(
             f"MindSpeed-MM checkout {ctx.mm_root} does not exist (from {ctx.mm_root_source})",
-            f"git clone {MM_REPO} {ctx.mm_root} && git -C {ctx.mm_root} checkout v{ctx.version.id}, or point "
+            f"git clone {_repos(ctx).mindspeed_mm} {ctx.mm_root} && git -C {ctx.mm_root} checkout v{ctx.version.id}, or point "
             "--mm-root/MM_ROOT at your checkout",
         )
     return ctx.mm_root
@@ -88,7 +92,7 @@ def megatron_tree(ctx: Context) -> Outcome:
     tag = ctx.version.megatron
     want = tag.removeprefix("core_v").removeprefix("core_r")
     copy_fix = (
-        f"git clone {MEGATRON_REPO} && cd Megatron-LM && git checkout {tag} && cp -r megatron {root}/ "
+        f"git clone {_repos(ctx).megatron} && cd Megatron-LM && git checkout {tag} && cp -r megatron {root}/ "
         "(or `bash scripts/install.sh --megatron` in the checkout)"
     )
     info = root / "megatron" / "core" / "package_info.py"
@@ -120,7 +124,9 @@ def mindspeed(ctx: Context) -> Outcome:
     pinned = overlay.mindspeed_commit if overlay else None
     branch_want = ctx.version.mindspeed_branch
     ref = pinned or branch_want or "the commit your model's README names"
-    install_fix = f"git clone {MINDSPEED_REPO} && cd MindSpeed && git checkout {ref} && pip install -e ."
+    install_fix = (
+        f"git clone {_repos(ctx).mindspeed} && cd MindSpeed && git checkout {ref} && pip install -e ."
+    )
     version = env.dists.get("mindspeed")
     if version is None:
         return fail("MindSpeed is not installed: `No module named 'mindspeed'`", install_fix)
