@@ -71,8 +71,10 @@ def templates_dir() -> Path:
     return path
 
 
-@lru_cache(maxsize=2)
-def _environment(root: str) -> Environment:
+@lru_cache(maxsize=4)
+def jinja_environment(root: str, comments: tuple[str, str] = ("{#", "#}")) -> Environment:
+    """The one Jinja setup for every rendered file: strict undefined, `q` = shlex.quote. Templates full of
+    bash `${#array[@]}` pass other comment delimiters, since `{#` would open a Jinja comment."""
     env = Environment(
         loader=FileSystemLoader(root),
         undefined=StrictUndefined,
@@ -80,6 +82,8 @@ def _environment(root: str) -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        comment_start_string=comments[0],
+        comment_end_string=comments[1],
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))
     env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
@@ -116,7 +120,7 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
         raise MMAgentError(
             f"no template set {job.task.template!r}", file=str(set_dir), fix="reinstall mm-agent"
         )
-    env = _environment(str(root))
+    env = jinja_environment(str(root))
     context: dict[str, Any] = {
         "job": job,
         "spec": job.spec,

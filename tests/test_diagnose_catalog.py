@@ -270,3 +270,10 @@ def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
 def test_empty_folder_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(MMAgentError):
         load_catalog(tmp_path)
+
+
+def test_readme_lists_every_category() -> None:
+    """The README's category list is what users grep for; it must name every stable id."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    missing = [c for c in CATEGORIES if f"`{c}`" not in readme]
+    assert not missing, f"README.md does not list categories {missing}"
