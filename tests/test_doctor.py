@@ -9,7 +9,6 @@ import platform
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -104,16 +103,6 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    children: list[subprocess.Popen[bytes]] = []
-    yield children
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-        child.wait(timeout=10)
 
 
 def listen(started: list[subprocess.Popen[bytes]], *, own: bool) -> tuple[int, int]:

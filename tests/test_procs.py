@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -37,17 +36,6 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "state"
     monkeypatch.setenv("MM_AGENT_STATE_DIR", str(path))
     return path
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes this test started; whatever is still running at the end is killed (they are ours)."""
-    children: list[subprocess.Popen[bytes]] = []
-    yield children
-    for child in children:
-        if child.poll() is None:
-            child.kill()
-        child.wait(timeout=10)
 
 
 def own_listener(started: list[subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[bytes], int]:
