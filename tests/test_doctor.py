@@ -4,6 +4,7 @@ checkout, package metadata on PYTHONPATH, busy ports held by real processes, a r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import stat
@@ -357,7 +358,10 @@ def test_mm_checkout_and_megatron_version(tmp_path: Path) -> None:
 
 def test_another_megatron_on_pythonpath_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = fake_mm_checkout(tmp_path / "MindSpeed-MM")
-    assert run("megatron_path", mm_root=str(root))["megatron_path"].status == "ok"
+    # With the runtime extra installed, megatron-core's own `megatron` sits in site-packages: that is the
+    # milder "tools outside the checkout import another megatron" warning, not a shadowing failure.
+    expected = "warn" if importlib.util.find_spec("megatron") else "ok"
+    assert run("megatron_path", mm_root=str(root))["megatron_path"].status == expected
     elsewhere = tmp_path / "Megatron-LM"
     (elsewhere / "megatron").mkdir(parents=True)
     (elsewhere / "megatron" / "__init__.py").write_text("")
