@@ -21,7 +21,7 @@ from mm_agent.install.plan import host_arch
 from mm_agent.install.schema import Arch
 from mm_agent.install.steps import Layout, PlanStep, build_steps, plan_context
 from mm_agent.registry import get_registry
-from mm_agent.registry.schema import ModelEntry, SizeSpec, Stage, TaskSpec, VersionInfo
+from mm_agent.registry.schema import ConverterSpec, ModelEntry, SizeSpec, Stage, TaskSpec, VersionInfo
 
 Direction = Literal["to_training", "to_hf"]
 
@@ -56,7 +56,7 @@ def _list_arg(values: list[int], nested: bool) -> str:
     return f"[{inner}]" if nested else inner
 
 
-def _is_vlm_converter(entry: ModelEntry) -> bool:
+def is_vlm_converter(entry: ModelEntry) -> bool:
     """VLM converters (checkpoint/vlm_model) take `--cfg.mm_dir/hf_config/parallel_config`, sora ones not."""
     assert entry.converter is not None
     name = entry.converter.class_name
@@ -98,10 +98,152 @@ def convert_dirs(entry: ModelEntry, size: SizeSpec) -> tuple[str, str]:
     hf_dir = hf_dir_for(entry, size)
     conv = entry.converter
     diffusers_repo = "diffusers" in hf_dir.lower()
-    if conv is not None and conv.arg_style == "cfg" and not _is_vlm_converter(entry) and diffusers_repo:
+    if conv is not None and conv.arg_style == "cfg" and not is_vlm_converter(entry) and diffusers_repo:
         return f"{hf_dir}/transformer", f"{hf_dir}/transformer"
     fmt = conv.target_format if conv else "mm"
     return hf_dir, f"ckpt/{fmt}_path/{hf_dir.rsplit('/', 1)[-1]}"
+
+
+Layers = list[int] | list[list[int]]
+ConvertRole = Literal["to_mm", "to_hf", "resplit", "flat_to_training", "flat_to_hf"]
+_CFG_METHODS = ("hf_to_mm", "source_to_mm", "mm_to_hf", "resplit")
+
+
+def convert_role(conv: ConverterSpec, method: str) -> ConvertRole:
+    """Which argument shape `method` takes (reference §2.1); MMAgentError for methods with other shapes.
+
+    Flat (DCP) converters spell their to-training/to-HF methods with flat flags; every other method this
+    builder knows takes a pydantic `cfg`: the to-training method (hf_to_mm, source_to_mm), the export
+    (mm_to_hf) and resplit. LoRA merges, layerzero and the like take extra arguments: they are run by hand.
+    """
+    if method not in conv.methods:
+        raise MMAgentError(
+            f"{conv.class_name} has no method {method!r}",
+            field="method",
+            fix=f"use one of: {', '.join(conv.methods)}",
+        )
+    if conv.arg_style == "flat" and method == conv.to_training:
+        return "flat_to_training"
+    if conv.arg_style == "flat" and method == conv.to_hf:
+        return "flat_to_hf"
+    if method in (conv.to_training, "hf_to_mm", "source_to_mm"):
+        return "to_mm"
+    if method in (conv.to_hf, "mm_to_hf"):
+        return "to_hf"
+    if method == "resplit":
+        return "resplit"
+    raise MMAgentError(
+        f"mm-agent builds mm-convert commands for {conv.class_name}'s conversion methods "
+        f"({', '.join(m for m in conv.methods if m in (conv.to_training, conv.to_hf, *_CFG_METHODS))}), "
+        f"not for {method!r}, which takes method-specific arguments",
+        field="method",
+        fix=f"run it by hand in the MindSpeed-MM root: `mm-convert {conv.class_name} {method} --help`",
+    )
+
+
+def vpp_chunks(values: Layers) -> list[list[int]] | None:
+    """The VPP chunks of a nested list, None for a flat (per-stage) list."""
+    if values and all(isinstance(v, list) for v in values):
+        return [list(v) for v in values if isinstance(v, list)]
+    return None
+
+
+def _flat_layers(values: Layers, name: str) -> list[int]:
+    """mm_to_hf/resplit of VLM converters take flat lists: a single VPP chunk is unwrapped, more refused."""
+    chunks = vpp_chunks(values)
+    if chunks is None:
+        return [v for v in values if isinstance(v, int)]
+    if len(chunks) != 1:
+        raise MMAgentError(
+            f"{name} {values} is a VPP split; this method takes one list per pipeline stage",
+            field=name,
+            fix="pass the flat per-stage list, e.g. [12,16]",
+        )
+    return chunks[0]
+
+
+def _layers_arg(values: Layers, nested: bool) -> str:
+    chunks = vpp_chunks(values)
+    if chunks is not None:
+        return "[" + ",".join(_list_arg(c, nested=False) for c in chunks) + "]"
+    return _list_arg([v for v in values if isinstance(v, int)], nested)
+
+
+def mm_convert_argv(
+    conv: ConverterSpec,
+    method: str,
+    *,
+    vlm: bool,
+    source: str,
+    target: str,
+    hf_dir: str | None = None,
+    tp: int = 1,
+    pp_layers: Layers | None = None,
+    vit_pp_layers: Layers | None = None,
+    source_tp: int | None = None,
+    source_pp_layers: Layers | None = None,
+    source_vit_pp_layers: Layers | None = None,
+    init_args: dict[str, str] | None = None,
+) -> list[str]:
+    """argv of `mm-convert <Class> [--init args] <method> ...` in the converter's own argument shape.
+
+    Three CLI shapes exist (reference §2.1): sora `--cfg.source_path/target_path` with a flat PP list (a
+    nested list means VPP); VLM `--cfg.mm_dir/hf_config.hf_dir/parallel_config.*` with *nested* lists for
+    hf_to_mm and flat ones for mm_to_hf and resplit; DCP converters with flat flags. For VLM mm_to_hf the
+    lists describe the source checkpoint; for resplit `source_*` do. Lists that are None are left out.
+    """
+    role = convert_role(conv, method)
+    argv = ["mm-convert", conv.class_name]
+    for key, value in (conv.init_args if init_args is None else init_args).items():
+        argv += [f"--{key}", value]
+    argv.append(method)
+
+    if role in ("flat_to_training", "flat_to_hf"):
+        direction = "to_training" if role == "flat_to_training" else "to_hf"
+        src, dst, hf = {**_FLAT_FLAGS["DcpConverter"], **_FLAT_FLAGS.get(conv.class_name, {})}[direction]
+        return [*argv, src, source, dst, target, *([hf, hf_dir or source] if hf else [])]
+
+    if vlm:
+        if role == "to_mm":
+            argv += ["--cfg.mm_dir", target, "--cfg.hf_config.hf_dir", source]
+            return argv + _vlm_parallel("parallel_config", tp, pp_layers, vit_pp_layers, nested=True)
+        if role == "to_hf":
+            argv += [
+                "--cfg.save_hf_dir",
+                target,
+                "--cfg.mm_dir",
+                source,
+                "--cfg.hf_config.hf_dir",
+                hf_dir or source,
+            ]
+            return argv + _vlm_parallel("parallel_config", tp, pp_layers, vit_pp_layers, nested=False)
+        argv += ["--cfg.source_dir", source, "--cfg.target_dir", target]
+        argv += _vlm_parallel(
+            "source_parallel_config",
+            source_tp or 1,
+            source_pp_layers,
+            source_vit_pp_layers,
+            nested=False,
+        )
+        return argv + _vlm_parallel("target_parallel_config", tp, pp_layers, vit_pp_layers, nested=False)
+
+    argv += ["--cfg.source_path", source, "--cfg.target_path", target]
+    if role == "to_hf":
+        return [*argv, "--cfg.hf_dir", hf_dir or source]
+    if pp_layers and (vpp_chunks(pp_layers) is not None or len(pp_layers) > 1):
+        argv += ["--cfg.target_parallel_config.pp_layers", _layers_arg(pp_layers, nested=False)]
+    if tp > 1:
+        argv += ["--cfg.target_parallel_config.tp_size", str(tp)]
+    return argv
+
+
+def _vlm_parallel(prefix: str, tp: int, llm: Layers | None, vit: Layers | None, *, nested: bool) -> list[str]:
+    out: list[str] = []
+    for name, values in (("llm_pp_layers", llm), ("vit_pp_layers", vit)):
+        if values:
+            shown = _layers_arg(values, nested) if nested else _list_arg(_flat_layers(values, name), False)
+            out += [f"--cfg.{prefix}.{name}", shown]
+    return [*out, f"--cfg.{prefix}.tp_size", str(tp)]
 
 
 def convert_command(
@@ -119,12 +261,10 @@ def convert_command(
 ) -> list[str]:
     """argv of the `mm-convert` call for this model (shared by the pipeline, `render_job`, `convert_weights`).
 
-    Three CLI shapes exist (reference §2.1): sora `--cfg.source_path/target_path` with a *flat* PP list
-    (a nested list means VPP to WanConverter); VLM `--cfg.mm_dir/hf_config.hf_dir/parallel_config.*` with
-    *nested* lists for hf_to_mm and flat ones for mm_to_hf; DCP converters with flat flags. `source` is the
-    HF dir for `to_training` and the training save dir for `to_hf`; `hf_dir` is the original HF dir that
-    `to_hf` copies configs from. tp/pp default to the size's recommended layout. `version` is checked
-    against the registry so callers can't build a command for an unknown release.
+    `source` is the HF dir for `to_training` and the training save dir for `to_hf`; `hf_dir` is the
+    original HF dir that `to_hf` copies configs from. tp/pp default to the size's recommended layout.
+    `version` is checked against the registry so callers can't build a command for an unknown release.
+    The argument shapes themselves live in `mm_convert_argv`.
     """
     get_registry().check_version(version)
     conv = entry.converter
@@ -142,40 +282,24 @@ def convert_command(
             fix=f"use one of {', '.join(conv.methods)} by hand, or keep the training checkpoint",
         )
     par = size.parallel
-    tp = tp if tp is not None else par.tp
-    argv = ["mm-convert", conv.class_name]
-    for key, value in conv.init_args.items():
-        argv += [f"--{key}", value]
-    argv.append(method)
-    hf_ref = hf_dir or convert_dirs(entry, size)[0]
-
-    if conv.arg_style == "flat":
-        src, dst, hf = {**_FLAT_FLAGS["DcpConverter"], **_FLAT_FLAGS.get(conv.class_name, {})}[direction]
-        return [*argv, src, source, dst, target, *([hf, hf_ref] if hf else [])]
-
-    if _is_vlm_converter(entry):
+    vlm = is_vlm_converter(entry)
+    if vlm:
         llm = pp_layers or par.llm_pp_layers or _arch_layers(size, "llm_layers")
         vit = vit_pp_layers or par.vit_pp_layers or _arch_layers(size, "vit_layers")
-        nested = direction == "to_training"
-        if direction == "to_training":
-            argv += ["--cfg.mm_dir", target, "--cfg.hf_config.hf_dir", source]
-        else:
-            argv += ["--cfg.save_hf_dir", target, "--cfg.mm_dir", source, "--cfg.hf_config.hf_dir", hf_ref]
-        if llm:
-            argv += ["--cfg.parallel_config.llm_pp_layers", _list_arg(llm, nested)]
-        if vit:
-            argv += ["--cfg.parallel_config.vit_pp_layers", _list_arg(vit, nested)]
-        return [*argv, "--cfg.parallel_config.tp_size", str(tp)]
-
-    argv += ["--cfg.source_path", source, "--cfg.target_path", target]
-    if direction == "to_hf":
-        return [*argv, "--cfg.hf_dir", hf_ref]
-    layers = pp_layers if pp_layers is not None else (par.pipeline_num_layers if par.pp > 1 else None)
-    if layers and len(layers) > 1:
-        argv += ["--cfg.target_parallel_config.pp_layers", _list_arg(layers, nested=False)]
-    if tp > 1:
-        argv += ["--cfg.target_parallel_config.tp_size", str(tp)]
-    return argv
+    else:
+        llm = pp_layers if pp_layers is not None else (par.pipeline_num_layers if par.pp > 1 else None)
+        vit = None
+    return mm_convert_argv(
+        conv,
+        method,
+        vlm=vlm,
+        source=source,
+        target=target,
+        hf_dir=hf_dir or convert_dirs(entry, size)[0],
+        tp=tp if tp is not None else par.tp,
+        pp_layers=llm,
+        vit_pp_layers=vit,
+    )
 
 
 def _arch_layers(size: SizeSpec, key: str) -> list[int] | None:

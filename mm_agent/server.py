@@ -20,6 +20,7 @@ from mcp.types import ToolAnnotations
 
 from mm_agent import __version__
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
+from mm_agent.convert import ConvertReport, ConvertRequest, convert_weights
 from mm_agent.diagnose import DiagnoseRequest, DiagnosisReport, diagnose_errors
 from mm_agent.doctor import DoctorReport, DoctorRequest, check_environment
 from mm_agent.errors import MMAgentError
@@ -29,6 +30,7 @@ from mm_agent.install.steps import PlanStep
 from mm_agent.procs import StopRequest, StopResult, stop_process
 from mm_agent.render import RenderRequest, RenderResult, render_job
 from mm_agent.route import RouteRequest, RouteResult, route_model
+from mm_agent.runs import RunStatus, RunStatusRequest, run_status
 from mm_agent.validate import ValidateRequest, ValidationReport, validate_configs
 
 log = logging.getLogger("mm_agent.server")
@@ -38,7 +40,8 @@ INSTRUCTIONS = """Tools that take a multimodal model to a running MindSpeed-MM t
 Typical order: check_environment (what on this machine will break a run) -> list_models or route_model
 (turn the user's request into model/task/backend) -> install_deps (dry-run plan; confirm=true installs)
 -> render_job (dry run first, then confirm=true to write the job directory) -> validate_configs (fix every
-error before spending NPU time). When a run fails or looks wrong, diagnose_errors on its logs gives the one
+error before spending NPU time). convert_weights turns HF weights into the MindSpeed-MM layout (dry-run plan;
+confirm=true starts a background run whose progress and report run_status returns). When a run fails or looks wrong, diagnose_errors on its logs gives the one
 root cause with evidence and fixes; stop_process stops only processes mm-agent started.
 Paths are relative to the server's workspace."""
 
@@ -148,6 +151,34 @@ def build_server(workspace: Path) -> MCPServer:
         return await anyio.to_thread.run_sync(
             lambda: _call(lambda: install_deps(req, root=root, on_progress=on_progress))
         )
+
+    @mcp.tool(
+        name="convert_weights",
+        title="Convert weights between Hugging Face and MindSpeed-MM",
+        # Writes a new checkpoint dir and never overwrites one (a different existing target is refused);
+        # re-running with the same settings is a no-op.
+        annotations=WRITES_NEW_FILES,
+    )
+    async def convert_weights_tool(req: ConvertRequest, ctx: Context) -> ConvertReport:
+        """Convert weights with MindSpeed-MM's converter names (WanConverter hf_to_mm / mm_to_hf / resplit,
+        Qwen2_5_VLConverter hf_to_mm / mm_to_hf natively: streaming, atomic, with a manifest that
+        validate_configs checks; other converters run mm-convert). Dry run by default: returns the plan
+        (rank files to write, memory/disk estimate, the equivalent mm-convert command). confirm=true starts
+        the conversion in a background process and returns status 'started' with a run_id at once; poll
+        run_status(run_id) for progress and the final report. source, target and hf_dir are confined to
+        the workspace."""
+        report = await anyio.to_thread.run_sync(lambda: _call(lambda: convert_weights(req, root=root)))
+        if report.status == "started":
+            await ctx.report_progress(0, None, f"run {report.run_id} started")
+        return report
+
+    @mcp.tool(name="run_status", title="State and report of a background run", annotations=READ_ONLY)
+    def run_status_tool(req: RunStatusRequest) -> RunStatus:
+        """State of a background run started by convert_weights: running, succeeded, failed or killed (the
+        worker is gone without a report), progress (done/total/message), the final report when done and
+        the last lines of its log. Runs are kept in mm-agent's state dir until deleted; a running one is
+        stopped with stop_process(pid)."""
+        return _call(lambda: run_status(req))
 
     return mcp
 

@@ -24,6 +24,8 @@ TOOLS = {
     "check_environment",
     "stop_process",
     "install_deps",
+    "convert_weights",
+    "run_status",
 }
 REPO = Path(__file__).resolve().parent.parent
 

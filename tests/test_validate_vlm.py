@@ -54,7 +54,9 @@ def _records(mm: Path, records: list[dict]) -> None:
 
 def test_matching_dataset_is_clean(job: Path, mm: Path) -> None:
     report = run(job, mm_root=mm)
-    assert not [f for f in report.findings if f.severity != "info"], report.findings
+    # the hand-made checkpoint has no conversion manifest: that warning is expected
+    noisy = [f for f in report.findings if f.severity != "info" and f.rule != "ckpt.manifest_missing"]
+    assert not noisy, report.findings
     assert any(s.kind == "vlm_dataset" for s in report.files)
 
 

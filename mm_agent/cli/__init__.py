@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from mm_agent import __version__
 from mm_agent.errors import MMAgentError
 
-from . import diagnose, doctor, install, models, ps, render, route, serve, stop, validate
+from . import convert, diagnose, doctor, install, models, ps, render, route, runs, serve, stop, validate
 
-COMMANDS = (models, route, render, validate, diagnose, doctor, install, ps, stop, serve)
+COMMANDS = (models, route, render, validate, diagnose, doctor, install, convert, runs, ps, stop, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

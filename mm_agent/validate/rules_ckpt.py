@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
+from mm_agent.convert.manifest import MANIFEST, read_manifest
+from mm_agent.errors import MMAgentError
 from mm_agent.validate.job import Job, Launch, to_int
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -150,7 +153,9 @@ def _check_load(job: Job, launch: Launch) -> None:
         return
     if content == "release" and launch.is_training:
         _release_flags(job, launch)
-    _rank_dirs(job, launch, iter_dir, file, field, line)
+    mismatch = _rank_dirs(job, launch, iter_dir, file, field, line)
+    if content == "release" and not mismatch:  # a wrong rank grid is reported once, by _rank_dirs
+        _manifest(job, launch, path, iter_dir, (file, field, line))
 
 
 def _release_flags(job: Job, launch: Launch) -> None:
@@ -172,25 +177,26 @@ def _release_flags(job: Job, launch: Launch) -> None:
 
 def _rank_dirs(
     job: Job, launch: Launch, iter_dir: Path, file: str, field: str | None, line: int | None
-) -> None:
+) -> bool:
+    """Check the mp_rank dir names against TP/PP/EP; True when a mismatch was reported."""
     try:
         present = {p.name for p in iter_dir.iterdir() if p.name.startswith("mp_rank_")}
         dcp = (iter_dir / ".metadata").exists()
     except OSError:
-        return
+        return False
     if dcp or (not present and launch.value("--ckpt-format") == "torch_dcp"):
-        return
+        return False
     tp, pp = (
         launch.int_flag("--tensor-model-parallel-size"),
         launch.int_flag("--pipeline-model-parallel-size"),
     )
     ep = launch.int_flag("--expert-model-parallel-size")
     if tp is None or pp is None or ep is None or not 0 < tp * pp * ep <= 4096:
-        return
+        return False
     want = expected_rank_dirs(tp, pp, ep)
     missing, extra = sorted(want - present), sorted(present - want)
     if not missing and not extra:
-        return
+        return False
     layout = "mp_rank_{tp:02d}" if pp == 1 else "mp_rank_{tp:02d}_{pp:03d}"
     message = (
         f"{iter_dir} does not match TP={tp} PP={pp}: expected {layout} dirs "
@@ -214,3 +220,117 @@ def _rank_dirs(
         )
     else:
         job.sink.warning("ckpt.rank_dirs", file, message, fix, field=field, line=line)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the conversion manifest (mm-agent convert writes it next to every converted checkpoint)
+
+_LAYER_LISTS = {
+    "pp_layers": ("predictor.pipeline_num_layers", "text_decoder.pipeline_num_layers"),
+    "vit_pp_layers": ("image_encoder.vision_encoder.pipeline_num_layers",),
+}
+
+
+def _chunks(value: Any) -> list[list[int]] | None:
+    """A pp list as VPP chunks ([7,8] -> [[7,8]]); None when it is not a list of layer counts."""
+    if not isinstance(value, list) or not value:
+        return None
+    rows = value if all(isinstance(v, list) for v in value) else [value]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for r in rows for n in r):
+        return None
+    return [list(r) for r in rows]
+
+
+def _job_lists(launch: Launch) -> dict[str, tuple[str, list[list[int]]]]:
+    """manifest field -> (model config key, its value as chunks) for the lists the job's model config sets."""
+    model = launch.configs.get("mm-model")
+    found: dict[str, tuple[str, list[list[int]]]] = {}
+    if model is None:
+        return found
+    for name, keys in _LAYER_LISTS.items():
+        for key in keys:
+            chunks = _chunks(model.get(key))
+            if chunks is not None:
+                found[name] = (key, chunks)
+                break
+    return found
+
+
+def _manifest(
+    job: Job, launch: Launch, path: Path, iter_dir: Path, where: tuple[str, str | None, int | None]
+) -> None:
+    """The split the weights were converted with (tp, pp_layers, vpp) must be the split the job trains with:
+    a different one loads blocks into the wrong stages (missing/unexpected keys, shape mismatches)."""
+    file, field, line = where
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        try:
+            ranks = any(p.name.startswith("mp_rank_") for p in iter_dir.iterdir())
+        except OSError:
+            return
+        if ranks:
+            job.sink.warning(
+                "ckpt.manifest_missing",
+                file,
+                f"{path} has no {MANIFEST}: the split it was converted with is unknown, so only the mp_rank "
+                "dir names were checked against TP/PP, not the layers per stage",
+                "convert with `mm-agent convert ... --yes` (it records tp, pp_layers and vpp), or make sure "
+                "the pp_layers given to mm-convert equal the model config's pipeline_num_layers",
+                field=field,
+                line=line,
+            )
+        return
+    try:
+        manifest = read_manifest(path)
+    except (OSError, MMAgentError) as exc:
+        job.sink.warning(
+            "ckpt.manifest_invalid",
+            str(manifest_path),
+            f"not an mm-agent conversion manifest: {exc.message if isinstance(exc, MMAgentError) else exc}",
+            "re-run the conversion with `mm-agent convert` (or delete the file if it is not mm-agent's)",
+        )
+        return
+    assert manifest is not None
+    if manifest.direction == "mm_to_hf":
+        return
+    tp = launch.int_flag("--tensor-model-parallel-size")
+    pp = launch.int_flag("--pipeline-model-parallel-size")
+    vpp = launch.int_flag("--virtual-pipeline-model-parallel-size")
+    have = {name: _chunks(getattr(manifest, name)) or [] for name in _LAYER_LISTS}
+    stages = len(have["pp_layers"][0]) if have["pp_layers"] else 1
+    diffs: list[str] = []
+    if tp is not None and tp != manifest.tp:
+        diffs.append(f"TP {manifest.tp} (job: {tp})")
+    if pp is not None and pp != stages:
+        diffs.append(f"PP {stages} (job: {pp})")
+    if vpp is not None and vpp != manifest.vpp:
+        diffs.append(f"VPP {manifest.vpp} (job: {vpp})")
+    if (pp or 1) > 1 or (vpp or 1) > 1:
+        for name, (key, want) in _job_lists(launch).items():
+            if have[name] and have[name] != want:
+                diffs.append(
+                    f"{name} {getattr(manifest, name)} (job's {key}: {want if len(want) > 1 else want[0]})"
+                )
+    if not diffs:
+        return
+    job_lists = _job_lists(launch)
+    layers = job_lists.get("pp_layers", ("", []))[1]
+    shown = ",".join(map(str, layers[0])) if len(layers) == 1 else str(layers).replace(" ", "")
+    resplit = (
+        f"`mm-agent convert {manifest.converter} resplit --source {path} --target <new dir>"
+        + (f" --tp {tp}" if tp and tp > 1 else "")
+        + (f" --pp-layers {shown}" if layers else "")
+        + "`"
+    )
+    job.sink.error(
+        "ckpt.manifest_mismatch",
+        file,
+        f"{path} was converted with {'; '.join(diffs)}: the stages would load the wrong blocks "
+        "(Megatron fails with missing/unexpected keys or size mismatches)",
+        f"convert again with the job's split, e.g. {resplit}, and point {field or 'LOAD_PATH'} at it; or set "
+        f"the job's TP/PP/VPP and pipeline_num_layers to the checkpoint's (tp {manifest.tp}, pp_layers "
+        f"{manifest.pp_layers}, vpp {manifest.vpp})",
+        field=field,
+        line=line,
+    )

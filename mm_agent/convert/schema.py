@@ -1,0 +1,159 @@
+"""Typed contract of `convert_weights`: request, plan (dry run), report, manifest.
+
+These models import no torch: the MCP server and the CLI plan conversions and read reports without the
+heavy stack; the conversion itself runs in a worker process (`python -m mm_agent.convert.worker`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# MindSpeed-MM's names, so commands read like the upstream docs (`mm-convert WanConverter hf_to_mm ...`).
+ConverterName = str
+Method = str
+Status = Literal["dry_run", "started", "converted", "unchanged", "failed"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConvertRequest(_Model):
+    """One conversion. Paths are confined to the workspace over MCP."""
+
+    converter: ConverterName = Field(description="MindSpeed-MM converter class, e.g. WanConverter")
+    method: Method = Field(description="converter method, e.g. hf_to_mm, mm_to_hf, resplit")
+    source: str = Field(description="HF dir (hf_to_mm), MM checkpoint dir (mm_to_hf, resplit)")
+    target: str = Field(description="output dir; may equal source for the Wan in-place form")
+    hf_dir: str | None = Field(
+        default=None, description="original HF dir (mm_to_hf: config.json / index files are taken from it)"
+    )
+    tp: int = Field(default=1, ge=1, description="tensor-parallel size of the MM layout")
+    pp_layers: list[int] | list[list[int]] | None = Field(
+        default=None,
+        description="layers per PP stage ([7,8,8,7]); nested lists mean VPP ([[3,4,4,4],[3,4,4,4]]); "
+        "for VLMs the LLM layers per stage",
+    )
+    vit_pp_layers: list[int] | list[list[int]] | None = Field(
+        default=None, description="VLM: ViT layers per PP stage (ViT layers come first)"
+    )
+    source_tp: int | None = Field(
+        default=None, description="resplit: TP of the source (read from it if None)"
+    )
+    converter_version: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]{1,32}$",
+        description="mm-convert init arg `--version` of converters that take one (CogVideoConverter t2v/i2v, "
+        "OpenSoraPlanConverter v1.3/v1.5); default: the registry's",
+    )
+    verify: bool = Field(default=False, description="compare source and converted weights numerically")
+    confirm: bool = Field(default=False, description="False: dry run (plan only); True: convert")
+
+    @model_validator(mode="after")
+    def _vit_only_for_lists(self) -> ConvertRequest:
+        if self.vit_pp_layers is not None and self.pp_layers is None:
+            raise ValueError("vit_pp_layers needs pp_layers (the LLM layers per stage) as well")
+        return self
+
+
+class RankFile(_Model):
+    """One file of the MM layout: `release/mp_rank_TT[_PPP]/model_optim_rng.pt`."""
+
+    path: str = Field(description="relative to the target dir")
+    tp_rank: int
+    pp_rank: int | None = Field(description="None when PP == 1 (no _PPP suffix)")
+    keys: int = Field(description="tensors in the file (all VPP chunks together)")
+    bytes: int = Field(description="tensor bytes in the file")
+    layers: list[list[int]] = Field(
+        default_factory=list, description="global layer ids held, per VPP chunk (blocks renumbered from 0)"
+    )
+
+
+class Estimate(_Model):
+    source_bytes: int
+    output_bytes: int
+    peak_memory_bytes: int = Field(description="peak anonymous host memory the conversion needs")
+    free_memory_bytes: int
+    free_disk_bytes: int = Field(description="free space where the target is written")
+    fits: bool
+    reason: str | None = Field(default=None, description="why it does not fit, with the fix")
+
+
+class ConvertPlan(_Model):
+    """What a conversion will do, before it does it (the dry-run answer)."""
+
+    native: bool = Field(description="True: mm-agent converts; False: runs MindSpeed-MM's mm-convert")
+    converter: ConverterName
+    method: Method
+    source: str
+    target: str
+    layout: list[RankFile] = Field(
+        default_factory=list, description="files it will write (keys/bytes filled when known)"
+    )
+    estimate: Estimate | None = None
+    mm_convert_argv: list[str] = Field(description="the equivalent MindSpeed-MM command")
+    notes: list[str] = Field(default_factory=list)
+
+
+class Manifest(_Model):
+    """Sidecar `mm_agent_manifest.json` written next to every converted checkpoint."""
+
+    format: Literal["mm-agent-convert/1"] = "mm-agent-convert/1"
+    converter: ConverterName
+    method: Method
+    direction: Literal["hf_to_mm", "mm_to_hf", "resplit"]
+    mm_agent_version: str
+    source_files: dict[str, str] = Field(description="relative path -> 'size:sha256' of every source file")
+    tp: int
+    pp_layers: list[int] | list[list[int]] | None
+    vit_pp_layers: list[int] | list[list[int]] | None = None
+    vpp: int = 1
+    key_count: int
+    files: list[RankFile]
+    created: str = Field(description="ISO timestamp")
+    source_mtimes: dict[str, int] = Field(
+        default_factory=dict, description="mtime_ns per source file: hashes are reused while size+mtime hold"
+    )
+    hf_config: dict[str, Any] | None = Field(
+        default=None, description="config.json of the original HF model (mm_to_hf restores it)"
+    )
+    hf_index: str | None = Field(
+        default=None,
+        description="index file name of the original HF dir; None when it had one unsharded file",
+    )
+    hf_weight_map: dict[str, str] | None = Field(
+        default=None, description="HF key -> file name in the original (mm_to_hf reproduces the sharding)"
+    )
+
+
+class KeyChange(_Model):
+    source: str
+    target: str | None = Field(description="None = dropped")
+    reason: str | None = None
+
+
+class ConvertReport(_Model):
+    status: Status
+    run_id: str | None = None
+    plan: ConvertPlan
+    message: str
+    keys_converted: int = 0
+    keys_dropped: list[KeyChange] = Field(default_factory=list, description="dropped keys and why")
+    files: list[RankFile] = Field(default_factory=list, description="what was written, per stage/rank")
+    bytes_written: int = 0
+    seconds: float = 0.0
+    peak_rss_bytes: int | None = None
+    verify: VerifyReport | None = None
+
+
+class VerifyReport(_Model):
+    ok: bool
+    round_trip_bitwise: bool | None = Field(default=None, description="hf_to_mm -> mm_to_hf identical")
+    max_abs_diff: float | None = Field(default=None, description="forward outputs, source vs converted")
+    dtype: str | None = None
+    details: list[str] = Field(default_factory=list)
+
+
+ConvertReport.model_rebuild()

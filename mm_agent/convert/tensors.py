@@ -1,0 +1,213 @@
+"""Streaming tensor IO with bounded anonymous memory.
+
+mm-convert loads every file whole into one dict (plus a deep copy per TP rank), so host memory grows with
+the model. Here source tensors are views of memory-mapped files (`torch.frombuffer` over a private read-only
+mapping of a safetensors file, `torch.load(mmap=True)` for `.pt`): their pages belong to the page cache, which
+the kernel can drop, not to the process. Writers stream those pages straight to the output. Tensors that must
+be computed (merges, strided TP slices) go to `Scratch`, a file-backed allocator in the temp dir, so they are
+not anonymous memory either. `torch.save` writes a tensor's whole storage, so every tensor handed to it must
+own its storage exactly (`own_storage`), otherwise a view would drag its base tensor into the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import itertools
+import json
+import mmap
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mm_agent.convert.headers import Header, TensorInfo, read_header
+from mm_agent.errors import MMAgentError
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class SafetensorsFile:
+    """Zero-copy reader: `get(name)` is a tensor over the file's mapped pages (no bytes copied)."""
+
+    def __init__(self, path: Path, header: Header | None = None):
+        self.header = header or read_header(path)
+        with path.open("rb") as fh:
+            # ACCESS_COPY: a private mapping, so torch sees a writable buffer, yet the file can never be
+            # modified through it; unwritten pages stay shared with the page cache.
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+
+    def keys(self) -> list[str]:
+        return list(self.header.tensors)
+
+    def get(self, name: str) -> torch.Tensor:
+        return tensor_at(self._map, self.header.tensors[name])
+
+
+def tensor_at(buffer: mmap.mmap, info: TensorInfo) -> torch.Tensor:
+    dtype = DTYPES.get(info.dtype)
+    if dtype is None:
+        raise MMAgentError(
+            f"unsupported safetensors dtype {info.dtype}",
+            fix=f"convert the weights to one of {', '.join(DTYPES)} first",
+        )
+    count = info.nbytes // dtype.itemsize
+    if count == 0:
+        return torch.empty(info.shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype, count=count, offset=info.start).view(info.shape)
+
+
+def _safe_globals() -> list[Any]:
+    """Types Megatron training saves pickle beside the weights: `args` (argparse.Namespace) and the numpy
+    RNG state. Allowing exactly these keeps `weights_only=True` (no arbitrary code runs on load) while
+    reading real training checkpoints, not just converted ones."""
+    allowed: list[Any] = [argparse.Namespace]
+    try:
+        import numpy as np
+    except ImportError:
+        return allowed
+    core = getattr(np, "_core", None) or np.core
+    return [*allowed, core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_pt(path: Path) -> dict[str, Any]:
+    """Load a `model_optim_rng.pt` memory-mapped: tensors stay file-backed until touched."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except (RuntimeError, OSError, EOFError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MMAgentError(
+            f"cannot load the checkpoint file: {first}",
+            file=str(path),
+            fix="pass a Megatron checkpoint saved by torch>=2.1 (zip format) that holds only tensors and "
+            "plain values; re-save it with `torch.save({'model': state_dict}, path)` otherwise",
+        ) from exc
+    if not isinstance(obj, dict):
+        raise MMAgentError(
+            f"holds a {type(obj).__name__}, not a dict", file=str(path), fix="pass a Megatron checkpoint"
+        )
+    return obj
+
+
+class Scratch:
+    """File-backed allocator: tensors live in shared mappings of files under `directory`.
+
+    Dirty pages of a shared file mapping are written back to the file under memory pressure instead of
+    counting as anonymous memory, so merged or sliced tensors cost disk, not RAM. `clear()` after each
+    output file keeps the disk use to one rank file's worth.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._files: list[Path] = []
+        self._counter = itertools.count()
+
+    def empty(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor:
+        shape = tuple(shape)
+        numel = 1
+        for n in shape:
+            numel *= n
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"t{next(self._counter)}.bin"
+        self._files.append(path)
+        return torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = self.empty(tensor.shape, tensor.dtype)
+        out.copy_(tensor)
+        return out
+
+    def clear(self) -> None:
+        """Unlink the files; mappings still referenced stay valid until their tensors are freed."""
+        for path in self._files:
+            path.unlink(missing_ok=True)
+        self._files.clear()
+
+
+def owns_storage(tensor: torch.Tensor) -> bool:
+    return (
+        tensor.is_contiguous()
+        and tensor.storage_offset() == 0
+        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
+
+
+def own_storage(tensor: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """`tensor` itself when it owns its storage exactly, else a file-backed copy (see module doc)."""
+    return tensor if owns_storage(tensor) else scratch.copy(tensor)
+
+
+def save_pt(path: Path, obj: dict[str, Any]) -> int:
+    """`torch.save` one rank file; tensors are streamed from their (mapped) storages. Returns its size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(obj, path)
+    return path.stat().st_size
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy (a view of the mapped or allocated memory)."""
+    if not tensor.is_contiguous():
+        raise ValueError("only contiguous tensors can be streamed")
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> int:
+    """Stream a safetensors file: the header, then each tensor's bytes in turn. Returns the file size.
+
+    `safetensors.torch.save_file` serialises the whole file into one buffer first (the file's size in
+    anonymous memory); this writes from the tensors' own pages instead.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, tensor in tensors:
+        if tensor.dtype not in _NAMES:
+            raise MMAgentError(f"{name}: dtype {tensor.dtype} has no safetensors name", fix="cast it first")
+        nbytes = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        fh.write(len(raw).to_bytes(8, "little"))
+        fh.write(raw)
+        for _, tensor in tensors:
+            fh.write(_bytes_of(tensor))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path.stat().st_size
+
+
+def write_index(path: Path, weight_map: dict[str, str], total_size: int) -> None:
+    """`*.safetensors.index.json` as diffusers/transformers write it."""
+    body = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+    path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
