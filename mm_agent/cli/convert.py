@@ -16,10 +16,10 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from mm_agent.convert import ConvertPlan, ConvertReport, ConvertRequest, convert_weights, final_report
-from mm_agent.convert.upstream import human
 from mm_agent.errors import MMAgentError
 from mm_agent.procs import StopRequest, stop_process
 from mm_agent.runs import RunStatus, RunStatusRequest, run_status, wait_run
+from mm_agent.units import human_bytes
 
 from .output import add_json_flag, console, print_json
 
@@ -116,15 +116,15 @@ def print_plan(plan: ConvertPlan) -> None:
     if plan.layout:
         out.print(f"layout ({len(plan.layout)} file(s)):")
         for f in plan.layout:
-            sizes = f"  {f.keys} keys  {human(f.bytes)}" if f.keys else ""
+            sizes = f"  {f.keys} keys  {human_bytes(f.bytes)}" if f.keys else ""
             out.print(f"  {f.path}  {_layers(f.layers)}{sizes}", markup=False)
     est = plan.estimate
     if est is not None:
         verdict = "[green]fits[/green]" if est.fits else f"[red]does not fit[/red]: {est.reason}"
         out.print(
-            f"estimate: source {human(est.source_bytes)}, output {human(est.output_bytes)}, peak memory "
-            f"{human(est.peak_memory_bytes)} (available {human(est.free_memory_bytes)}), free disk "
-            f"{human(est.free_disk_bytes)}: {verdict}"
+            f"estimate: source {human_bytes(est.source_bytes)}, output {human_bytes(est.output_bytes)}, peak memory "
+            f"{human_bytes(est.peak_memory_bytes)} (available {human_bytes(est.free_memory_bytes)}), free disk "
+            f"{human_bytes(est.free_disk_bytes)}: {verdict}"
         )
     if plan.mm_convert_argv:
         out.print(f"mm-convert equivalent: {shlex.join(plan.mm_convert_argv)}", markup=False)
@@ -137,10 +137,12 @@ def print_report(report: ConvertReport) -> None:
     colour = {"converted": "green", "unchanged": "green", "failed": "red"}.get(report.status, "blue")
     out.print(f"[{colour}]{report.status}[/]: {report.message}")
     if report.status in ("converted", "unchanged"):
-        peak = f", peak RSS {human(report.peak_rss_bytes)}" if report.peak_rss_bytes else ""
+        peak = (
+            f", peak anonymous memory {human_bytes(report.peak_rss_bytes)}" if report.peak_rss_bytes else ""
+        )
         out.print(
             f"{report.keys_converted} keys converted, {len(report.keys_dropped)} dropped, "
-            f"{len(report.files)} file(s), {human(report.bytes_written)} written in {report.seconds:.1f} s{peak}"
+            f"{len(report.files)} file(s), {human_bytes(report.bytes_written)} written in {report.seconds:.1f} s{peak}"
         )
     reasons: dict[str, int] = {}
     for change in report.keys_dropped:
@@ -150,7 +152,7 @@ def print_report(report: ConvertReport) -> None:
     for f in report.files:
         pp = f" pp {f.pp_rank}" if f.pp_rank is not None else ""
         out.print(
-            f"  {f.path}  tp {f.tp_rank}{pp}  {_layers(f.layers)}  {f.keys} keys  {human(f.bytes)}",
+            f"  {f.path}  tp {f.tp_rank}{pp}  {_layers(f.layers)}  {f.keys} keys  {human_bytes(f.bytes)}",
             markup=False,
         )
     if report.verify is not None:

@@ -20,6 +20,7 @@ import psutil
 from mm_agent.convert.schema import ConvertPlan, ConvertRequest, Estimate, RankFile
 from mm_agent.errors import MMAgentError
 from mm_agent.paths import confine
+from mm_agent.units import human_bytes
 
 # converter -> methods mm-agent converts itself; module that implements them (see NativeLayout).
 NATIVE: dict[str, frozenset[str]] = {
@@ -111,14 +112,6 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def estimate(layout: NativeLayout, target: Path) -> Estimate:
     """Peak anonymous memory and disk against what the machine has; `reason` says what to free."""
     peak = BASE_PEAK_BYTES + layout.extra_memory_bytes
@@ -128,12 +121,12 @@ def estimate(layout: NativeLayout, target: Path) -> Estimate:
     reason = None
     if peak > free_mem:
         reason = (
-            f"the conversion needs about {_human(peak)} of host memory but {_human(free_mem)} is available; "
+            f"the conversion needs about {human_bytes(peak)} of host memory but {human_bytes(free_mem)} is available; "
             "stop other processes or convert on a bigger host"
         )
     elif disk > free_disk:
         reason = (
-            f"the output needs {_human(disk)} but {_human(free_disk)} is free where {target} is written; "
+            f"the output needs {human_bytes(disk)} but {human_bytes(free_disk)} is free where {target} is written; "
             "free disk space or choose another --target"
         )
     return Estimate(

@@ -41,6 +41,7 @@ from mm_agent.errors import MMAgentError
 from mm_agent.pipeline import ConvertRole, Layers, convert_role, is_vlm_converter, mm_convert_argv, vpp_chunks
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ConverterSpec
+from mm_agent.units import human_bytes
 
 MM_CONVERT = "mm-convert"
 INSTALL_FIX = (
@@ -60,14 +61,6 @@ class Upstream:
     role: ConvertRole
     init_args: dict[str, str]
     models: tuple[str, ...]
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def find_converter(name: str, method: str, version: str | None = None) -> Upstream:
@@ -356,12 +349,12 @@ def _estimate(req: ConvertRequest, conv: Upstream) -> Estimate:
     reason = None
     if peak > free_mem:
         reason = (
-            f"mm-convert needs about {human(peak)} of host memory ({copies}x the {human(source)} checkpoint: it "
-            f"loads the whole model and copies it per TP rank) but {human(free_mem)} is available; free memory "
+            f"mm-convert needs about {human_bytes(peak)} of host memory ({copies}x the {human_bytes(source)} checkpoint: it "
+            f"loads the whole model and copies it per TP rank) but {human_bytes(free_mem)} is available; free memory "
             "or convert on a bigger host"
         )
     elif source > free_disk:
-        reason = f"the output needs about {human(source)} but {human(free_disk)} is free at {req.target}"
+        reason = f"the output needs about {human_bytes(source)} but {human_bytes(free_disk)} is free at {req.target}"
     return Estimate(
         source_bytes=source,
         output_bytes=source,
@@ -571,7 +564,7 @@ def run_upstream(
             status="failed", message=f"mm-convert exited 0 but wrote nothing usable: {missing}", **common
         )
     new = sum(1 for name, size in after.items() if before.get(name) != size)
-    message = f"mm-convert wrote {new} file(s), {human(written)} into {target}"
+    message = f"mm-convert wrote {new} file(s), {human_bytes(written)} into {target}"
     files: list[RankFile] = []
     if plan.layout:  # an MM layout: record its split like a native conversion does
         if progress is not None:
