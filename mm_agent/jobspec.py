@@ -7,14 +7,23 @@ and a bad combination is refused once, with the field and the fix, before anythi
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mm_agent.errors import MMAgentError
 from mm_agent.registry import Registry, get_registry
 from mm_agent.registry.schema import Backend, ModelEntry, SizeSpec, TaskId, TaskSpec, VersionInfo
+from mm_agent.wan_weights import WanWeights, read_wan_weights
+
+Runtime = Literal["mindspeed-mm", "bundled"]
+Device = Literal["auto", "npu", "cuda", "cpu"]
+BUNDLED_TEMPLATE = "bundled_generative"
+DEFAULT_SEED = 1234  # Megatron's --seed default, so an unseeded bundled job matches MindSpeed-MM's
+# Spatial multiple the frame size must have before the VAE stride and patch size are known (8 x 2).
+_MIN_HW_MULTIPLE = 16
 
 
 class JobSpec(BaseModel):
@@ -54,6 +63,46 @@ class JobSpec(BaseModel):
     recompute: bool = True
     num_workers: int = Field(default=8, ge=0, le=64)
     save_interval: int = Field(default=10000, ge=1)
+    runtime: Runtime = Field(
+        default="mindspeed-mm",
+        description="mindspeed-mm: scripts run MindSpeed-MM in its checkout; bundled: mm-agent's own "
+        "runtime (python -m runtime.train) on NPU, GPU or CPU (Wan-family t2v)",
+    )
+    num_frames: int | None = Field(default=None, ge=1, description="frames per clip, 4n+1 (Wan default 81)")
+    max_height: int | None = Field(default=None, ge=16, description="frame height, multiple of 16 (480)")
+    max_width: int | None = Field(default=None, ge=16, description="frame width, multiple of 16 (832)")
+    text_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="tokens per caption (tokenizer model_max_length, predictor text_len)",
+    )
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="random seed (default 1234)")
+    device: Device | None = Field(
+        default=None, description="bundled runtime device: auto (NPU, then CUDA, then CPU), npu, cuda, cpu"
+    )
+
+    @field_validator("num_frames")
+    @classmethod
+    def _four_n_plus_one(cls, value: int | None) -> int | None:
+        if value is not None and (value - 1) % 4:
+            low = (value - 1) // 4 * 4 + 1
+            raise ValueError(
+                f"must be 4n+1 (the Wan VAE packs 4 frames per latent after the first); "
+                f"got {value}, use {low} or {low + 4}"
+            )
+        return value
+
+    @field_validator("max_height", "max_width")
+    @classmethod
+    def _multiple_of_16(cls, value: int | None) -> int | None:
+        if value is not None and value % _MIN_HW_MULTIPLE:
+            low = value // _MIN_HW_MULTIPLE * _MIN_HW_MULTIPLE
+            raise ValueError(
+                f"must be a multiple of {_MIN_HW_MULTIPLE} (VAE stride 8 x patch 2); got {value}, "
+                f"use {max(low, _MIN_HW_MULTIPLE)} or {low + _MIN_HW_MULTIPLE}"
+            )
+        return value
 
 
 class ResolvedJob(BaseModel):
@@ -91,6 +140,16 @@ class ResolvedJob(BaseModel):
     arch: dict[str, Any]
     uses_features: bool
     hf_id: str | None
+    runtime: Runtime
+    template: str = Field(description="template set under templates/ this job renders from")
+    weights: WanWeights | None = Field(description="what the Wan checkpoint's configs say (Wan family only)")
+    num_frames: int | None = Field(description="explicit override; templates fall back to the stock value")
+    max_height: int | None
+    max_width: int | None
+    text_len: int | None = Field(description="from the spec or the tokenizer; None = the stock value")
+    seed: int
+    device: Device | None
+    python: str = Field(description="interpreter bundled scripts default to (the one that rendered)")
 
 
 def _abs(base: Path, value: str) -> str:
@@ -140,10 +199,129 @@ def _pick_size(entry: ModelEntry, task: TaskSpec, spec: JobSpec) -> SizeSpec:
     return size
 
 
+def is_wan_family(entry: ModelEntry) -> bool:
+    """Wan-family models are the ones converted by WanConverter: their predictor is MindSpeed-MM's wandit."""
+    return entry.converter is not None and entry.converter.class_name == "WanConverter"
+
+
+def is_two_expert(entry: ModelEntry, size: SizeSpec) -> bool:
+    """Wan2.2 A14B: high- and low-noise experts trained as two jobs (the fsdp2 generative templates' rule)."""
+    return is_wan_family(entry) and (size.id.lower() == "a14b" or int(size.arch.get("experts", 1)) > 1)
+
+
+def bundled_refusal(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> str | None:
+    """Why the bundled runtime cannot run this (model, task, size); None when it can."""
+    if not is_wan_family(entry) or task.id != "t2v":
+        return (
+            f"the bundled runtime trains Wan-family text-to-video (wan2.1, wan2.2 t2v); "
+            f"{entry.id} {task.id} is not one of them"
+        )
+    if is_two_expert(entry, size):
+        return f"{entry.id} {size.id} is two experts (high/low noise) trained as separate MindSpeed-MM jobs"
+    return None
+
+
+def _check_bundled(entry: ModelEntry, task: TaskSpec, size: SizeSpec, par: dict[str, int]) -> None:
+    why = bundled_refusal(entry, task, size)
+    if why is not None:
+        raise MMAgentError(
+            why,
+            field="runtime",
+            fix="use --runtime mindspeed-mm (MindSpeed-MM's own scripts)"
+            + (", or --size 5b for the bundled runtime" if is_two_expert(entry, size) else ""),
+        )
+    split = {name: n for name, n in par.items() if n > 1}
+    if split:
+        shown = ", ".join(f"{k.upper()}={v}" for k, v in split.items())
+        raise MMAgentError(
+            f"the bundled runtime trains data-parallel (FSDP2); {shown} is not supported",
+            field="/".join(split),
+            fix="set TP=PP=CP=VPP=1 (checkpoints converted with a PP split are merged when loaded)",
+        )
+
+
+def _layers_for(
+    spec: JobSpec, num_layers: int | None, pp: int, default: list[int] | None
+) -> list[int] | None:
+    """pipeline_num_layers that agrees with num_layers and PP: the spec's (checked), the registry's when it
+    still fits (e.g. the stock [7,8,8,7] at PP=1), else an even split."""
+    if spec.pipeline_num_layers is not None:
+        given = spec.pipeline_num_layers
+        if num_layers and sum(given) != num_layers:
+            raise MMAgentError(
+                f"pipeline_num_layers {given} sums to {sum(given)} but the predictor has {num_layers} layers",
+                field="pipeline_num_layers",
+                fix=f"use e.g. {split_layers(num_layers, pp)}",
+            )
+        if pp > 1 and len(given) != pp:
+            raise MMAgentError(
+                f"pipeline_num_layers {given} has {len(given)} stages but PP is {pp}",
+                field="pipeline_num_layers",
+                fix=f"give one entry per stage, e.g. {split_layers(num_layers, pp) if num_layers else '...'}",
+            )
+        return given
+    if not num_layers:
+        return default
+    fits = default is not None and sum(default) == num_layers and (pp == 1 or len(default) == pp)
+    if fits or (default is None and pp == 1):
+        return default
+    return split_layers(num_layers, pp)
+
+
+def _wan_arch(
+    entry: ModelEntry, size: SizeSpec, spec: JobSpec, weights_dir: str, readable: bool
+) -> tuple[dict[str, Any], WanWeights | None]:
+    """The size's arch, overlaid with what the checkpoint's config.json files say (Wan family only)."""
+    arch = dict(size.arch)
+    if not is_wan_family(entry):
+        overrides = [f for f in ("num_frames", "max_height", "max_width", "text_len") if getattr(spec, f)]
+        if overrides:
+            raise MMAgentError(
+                f"{', '.join(overrides)} only apply to Wan-family video jobs, not {entry.id}",
+                field=overrides[0],
+                fix=f"drop {', '.join('--' + f.replace('_', '-') for f in overrides)}",
+            )
+        return arch, None
+    weights = read_wan_weights(Path(weights_dir)) if readable else WanWeights()
+    arch.update(weights.arch)
+    text_len = spec.text_len or weights.text_len
+    if text_len is not None:
+        arch["text_len"] = text_len
+    patch = arch.get("patch_size") or [1, 2, 2]
+    for name, value, step in (
+        ("max_height", spec.max_height, patch[1]),
+        ("max_width", spec.max_width, patch[2]),
+    ):
+        stride = weights.spatial_stride * int(step)
+        if value is not None and value % stride:
+            raise MMAgentError(
+                f"{name} {value} is not a multiple of {stride} (VAE stride {weights.spatial_stride} x patch "
+                f"{step}), so the latent grid would not tile into patches",
+                field=name,
+                fix=f"use {max(stride, value // stride * stride)} or {value // stride * stride + stride}",
+            )
+    if spec.num_frames is not None and (spec.num_frames - 1) % weights.temporal_stride:
+        raise MMAgentError(
+            f"num_frames {spec.num_frames} is not {weights.temporal_stride}n+1 for this VAE",
+            field="num_frames",
+            fix=f"use {(spec.num_frames - 1) // weights.temporal_stride * weights.temporal_stride + 1}",
+        )
+    return arch, weights
+
+
 def resolve_job(
-    spec: JobSpec, job_dir: Path, *, base: Path | None = None, registry: Registry | None = None
+    spec: JobSpec,
+    job_dir: Path,
+    *,
+    base: Path | None = None,
+    registry: Registry | None = None,
+    root: Path | None = None,
 ) -> ResolvedJob:
-    """Check the spec against the registry and derive every value the templates use."""
+    """Check the spec against the registry and derive every value the templates use.
+
+    `root` (the MCP workspace) confines what is read: the checkpoint's config.json files are only read
+    when weights_dir is inside it.
+    """
     reg = registry or get_registry()
     base = (base or Path.cwd()).resolve()
     entry = reg.get(spec.model)
@@ -164,6 +342,14 @@ def resolve_job(
     npus, nnodes = spec.npus_per_node or par.npus_per_node, spec.nnodes or par.nnodes
     tp, pp, cp = spec.tp or par.tp, spec.pp or par.pp, spec.cp or par.cp
     vpp, mbs = spec.vpp or par.vpp, spec.mbs or par.mbs
+    if spec.runtime == "bundled":
+        _check_bundled(entry, task, size, {"tp": tp, "pp": pp, "cp": cp, "vpp": vpp})
+    elif spec.device not in (None, "auto", "npu"):
+        raise MMAgentError(
+            f"MindSpeed-MM runs on Ascend NPUs; device {spec.device!r} needs the bundled runtime",
+            field="device",
+            fix="drop --device, or add --runtime bundled (Wan-family t2v)",
+        )
     world = npus * nnodes
     if world % (tp * pp * cp):
         raise MMAgentError(
@@ -185,10 +371,14 @@ def resolve_job(
         grad_acc = spec.grad_acc or par.grad_acc
     gbs = mbs * dp * grad_acc
 
-    num_layers = size.arch.get("num_layers")
-    pnl = spec.pipeline_num_layers or par.pipeline_num_layers
-    if spec.pipeline_num_layers is None and num_layers and pp > 1 and (pnl is None or len(pnl) != pp):
-        pnl = split_layers(int(num_layers), pp)
+    jd = job_dir.resolve()
+    hf_id = size.hf_ids[0] if size.hf_ids else None
+    weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
+    readable = root is None or Path(weights).resolve().is_relative_to(root.resolve())
+    arch, wan = _wan_arch(entry, size, spec, weights, readable)
+
+    num_layers = arch.get("num_layers")
+    pnl = _layers_for(spec, int(num_layers) if num_layers else None, pp, par.pipeline_num_layers)
     llm = par.llm_pp_layers
     vit = par.vit_pp_layers
     llm_total, vit_total = size.arch.get("llm_layers"), size.arch.get("vit_layers")
@@ -197,15 +387,14 @@ def resolve_job(
         llm = split_layers(int(llm_total), pp)
         vit = [int(vit_total)] + [0] * (pp - 1)
 
-    jd = job_dir.resolve()
-    hf_id = size.hf_ids[0] if size.hf_ids else None
-    weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
     uses_features = task.feature_extraction is not None
     default_load = weights
     if entry.converter is not None and entry.family != "generative":
         default_load = f"{weights}-mm" if entry.converter.target_format == "mm" else f"{weights}-dcp"
     if entry.converter is not None and entry.family == "generative":
-        default_load = str(Path(weights) / "transformer")
+        # MindSpeed-MM converts in place (release/ next to the safetensors). The bundled runtime gets its
+        # own folder, so the HF download stays untouched and a job validates before conversion.
+        default_load = f"{weights}-mm" if spec.runtime == "bundled" else str(Path(weights) / "transformer")
     return ResolvedJob(
         spec=spec,
         entry=entry,
@@ -236,7 +425,46 @@ def resolve_job(
         pipeline_num_layers=pnl,
         llm_pp_layers=llm,
         vit_pp_layers=vit,
-        arch=dict(size.arch),
+        arch=arch,
         uses_features=uses_features,
         hf_id=hf_id,
+        runtime=spec.runtime,
+        template=BUNDLED_TEMPLATE if spec.runtime == "bundled" else task.template,
+        weights=wan,
+        num_frames=spec.num_frames,
+        max_height=spec.max_height,
+        max_width=spec.max_width,
+        text_len=spec.text_len or (wan.text_len if wan is not None else None),
+        seed=spec.seed if spec.seed is not None else DEFAULT_SEED,
+        device=spec.device,
+        python=sys.executable,
     )
+
+
+# Rendered script -> the job-management stage that runs it (C6); names are MindSpeed-MM's.
+_STAGE_OF_SCRIPT = {
+    "feature_extract/feature_extraction.sh": "extract",
+    "pretrain.sh": "train",
+    "finetune.sh": "train",
+    "train.sh": "train",
+    "launch.sh": "train",
+    "inference.sh": "sample",
+}
+
+
+def stage_scripts(spec: JobSpec, *, base: Path | None = None) -> dict[str, str]:
+    """{"extract"|"train"|"sample": script path relative to the job dir} for the stages this job has.
+
+    The job is rendered (in memory) to answer, so the names are exactly the files `render_job` writes,
+    for either runtime. `base` is the folder relative paths in the spec are resolved against (the MCP
+    workspace, which then also confines what is read).
+    """
+    from mm_agent.render import render_files  # render builds on this module
+
+    job = resolve_job(spec, (base or Path.cwd()) / ".stage-scripts", base=base, root=base)
+    files = render_files(job)
+    found: dict[str, str] = {}
+    for rel, stage in _STAGE_OF_SCRIPT.items():
+        if rel in files:
+            found.setdefault(stage, rel)
+    return found

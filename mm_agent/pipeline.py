@@ -3,7 +3,8 @@
 Everything here is derived from registry data (`ModelEntry`, `VersionTable`); there is no per-model branch,
 so a new model file gets a correct pipeline without code changes. The only fixed tables are per *family* or
 *template* (what raw data looks like), because that is a property of the training code, not of a model.
-Commands are shell lines run from the MindSpeed-MM root after `env_setup` (which `cd`s there).
+Commands are shell lines run from the MindSpeed-MM root after `env_setup` (which `cd`s there); for the
+bundled runtime (`runtime="bundled"`) they are mm-agent commands run from the folder that holds the job.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mm_agent.errors import MMAgentError
 from mm_agent.install.plan import host_arch
 from mm_agent.install.schema import Arch
 from mm_agent.install.steps import Layout, PlanStep, build_steps, plan_context
+from mm_agent.jobspec import Runtime, bundled_refusal
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ConverterSpec, ModelEntry, SizeSpec, Stage, TaskSpec, VersionInfo
 
@@ -602,6 +604,151 @@ def _export(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
     )
 
 
+# ---------------------------------------------------------------------------------------------- bundled runtime
+# The same eight stages for runtime=bundled: mm-agent renders the job (MindSpeed-MM's config files) and runs
+# it with its own runtime (`python -m runtime.extract|train|sample` under torchrun) on NPU, GPU or CPU. Paths
+# are `mm-agent render`'s defaults, so the lines work in order from one folder.
+
+
+def bundled_convert_command(
+    entry: ModelEntry, *, source: str, target: str, method: str = "hf_to_mm", hf_dir: str | None = None
+) -> list[str]:
+    """argv of `mm-agent convert` (native, streaming, atomic) for the bundled runtime's checkpoints."""
+    if entry.converter is None:
+        raise MMAgentError(f"{entry.id} has no converter", field="converter", fix="use a Wan-family model")
+    argv = ["mm-agent", "convert", entry.converter.class_name, method, "--source", source, "--target", target]
+    return [*argv, *(["--hf-dir", hf_dir] if hf_dir else []), "--yes"]
+
+
+def _bundled_paths(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> dict[str, str]:
+    weights = f"weights/{size.hf_ids[0] if size.hf_ids else entry.id}"
+    return {
+        "weights": weights,
+        "load": f"{weights}-mm",
+        "job": f"jobs/{entry.id}-{task.id}",
+        "save": "checkpoints",
+    }
+
+
+def _bundled_stages(
+    entry: ModelEntry, task: TaskSpec, size: SizeSpec, version: str, nproc: int, nodes: int
+) -> list[PipelineStage]:
+    why = bundled_refusal(entry, task, size)
+    if why is not None:
+        raise MMAgentError(why, field="runtime", fix="use runtime mindspeed-mm (MindSpeed-MM's own scripts)")
+    info = get_registry().versions.get(version)
+    assert info is not None  # build_pipeline's caller checked the version
+    p = _bundled_paths(entry, task, size)
+    job = p["job"]
+    online = task.feature_extraction is None
+    env = PipelineStage(
+        stage="env_setup",
+        applies=True,
+        summary="mm-agent with its bundled runtime (torch, diffusers, transformers, megatron-core); "
+        "no MindSpeed-MM checkout",
+        commands=[
+            "python3 -m venv .venv",
+            ". .venv/bin/activate",
+            _sh(["pip", "install", "-c", "constraints.txt", "-e", ".[runtime]"]),
+        ],
+        notes=[
+            "Run in the mm-agent checkout; constraints.txt pins torch 2.13.0 (the CPU build on CPU machines).",
+            "CUDA: install the CUDA build of that torch first. Ascend: add the npu extra (.[runtime,npu]); the "
+            f"rendered scripts source the CANN env when it exists ({', '.join(info.cann_env)}).",
+        ],
+    )
+    deps = PipelineStage(
+        stage="model_deps",
+        applies=False,
+        summary=f"{entry.name} needs nothing beyond the runtime extra (its VAE and text encoder load with "
+        "diffusers/transformers)",
+    )
+    download = (
+        [_sh(["huggingface-cli", "download", size.hf_ids[0], "--local-dir", p["weights"]])]
+        if size.hf_ids
+        else []
+    )
+    source = f"{p['weights']}/transformer"
+    weights = PipelineStage(
+        stage="weights",
+        applies=True,
+        summary=f"Download {size.id} weights and convert transformer/ to the MindSpeed-MM layout "
+        f"({entry.converter.class_name if entry.converter else ''}.hf_to_mm, native)",
+        commands=[*download, _sh(bundled_convert_command(entry, source=source, target=p["load"]))],
+        notes=[
+            "The converted checkpoint gets its own folder (the HF download stays untouched); it is the "
+            "job's LOAD_PATH.",
+            "The predictor in the job's configs is sized from transformer/config.json.",
+        ],
+    )
+    summary, data_notes = _data_format(entry, task)
+    render = ["mm-agent", "render", entry.id, "--task", task.id, "--size", size.id, "--runtime", "bundled"]
+    render += ["--npus-per-node", str(nproc)] + (["--nnodes", str(nodes)] if nodes > 1 else [])
+    render += ["--dataset-dir", "dataset", "--out", job]
+    data = PipelineStage(
+        stage="data_prep",
+        applies=True,
+        summary=summary,
+        commands=[_sh(render), _sh(["mm-agent", "validate", job])],
+        scripts=["data.txt", "data.json"]
+        if online
+        else ["feature_extract/data.txt", "feature_extract/data.json"],
+        notes=[
+            *data_notes,
+            "Set --num-frames (4n+1), --max-height/--max-width (multiples of 16) and --text-len to your clips.",
+        ],
+    )
+    if online:
+        features = PipelineStage(
+            stage="feature_extraction",
+            applies=False,
+            summary="No offline feature extraction: the VAE and text encoder run inside training "
+            "(load_video_features: false)",
+        )
+    else:
+        features = PipelineStage(
+            stage="feature_extraction",
+            applies=True,
+            summary="Encode videos/captions once (VAE latents + UMT5 states) with python -m runtime.extract",
+            commands=[_sh(["mm-agent", "extract", job, "--yes", "--wait"])],
+            scripts=["feature_extract/feature_extraction.sh"],
+            notes=[
+                "Writes <feature_dir>/data.jsonl and features/<name>.pt in MindSpeed-MM's format; "
+                "--skip-existing resumes an interrupted run.",
+            ],
+        )
+    training = PipelineStage(
+        stage="training",
+        applies=True,
+        summary=f"{task.id} with python -m runtime.train (FSDP2 data parallel) on {nodes}x{nproc} devices",
+        commands=[_sh(["mm-agent", "train", job, "--yes", "--wait"])],
+        scripts=["pretrain.sh"],
+        notes=[
+            "Picks NPU, then CUDA, then CPU (MM_AGENT_DEVICE or --device overrides); logs MindSpeed-MM's "
+            "iteration lines, TensorBoard events and checkpoints in MM layout.",
+        ],
+    )
+    inference = PipelineStage(
+        stage="inference",
+        applies=task.inference_script is not None,
+        summary="Sample an mp4 from the trained checkpoint with python -m runtime.sample",
+        commands=[_sh(["mm-agent", "sample", job, "--yes", "--wait"])] if task.inference_script else [],
+        scripts=["inference.sh"] if task.inference_script else [],
+    )
+    target = f"ckpt/hf_export/{entry.id}-{size.id}"
+    export_argv = bundled_convert_command(
+        entry, source=p["save"], target=target, method="mm_to_hf", hf_dir=source
+    )
+    export = PipelineStage(
+        stage="export",
+        applies=True,
+        summary="Convert the trained checkpoint back to diffusers (WanConverter.mm_to_hf)",
+        commands=[_sh(export_argv)],
+        notes=[f"`{p['save']}` is the job's --save folder."],
+    )
+    return [env, deps, weights, data, features, training, inference, export]
+
+
 def build_pipeline(
     entry: ModelEntry,
     task: TaskSpec,
@@ -610,14 +757,18 @@ def build_pipeline(
     *,
     npus_per_node: int | None = None,
     nnodes: int | None = None,
+    runtime: Runtime = "mindspeed-mm",
 ) -> list[PipelineStage]:
     """The eight stages (schema.STAGES order) for this model/task/size at `version`.
 
     Stages that don't apply are returned with `applies=False` and a reason, so callers can show the whole
     picture; `npus_per_node`/`nnodes` override the size's recommended layout in the launch command.
+    `runtime="bundled"` gives the stages of mm-agent's own runtime (Wan-family t2v; MMAgentError otherwise).
     """
     nproc = npus_per_node or size.parallel.npus_per_node
     nodes = nnodes or size.parallel.nnodes
+    if runtime == "bundled":
+        return _bundled_stages(entry, task, size, get_registry().check_version(version), nproc, nodes)
     return [
         _env_setup(entry, version),
         _model_deps(entry, version),

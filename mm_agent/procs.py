@@ -184,12 +184,23 @@ def spawn(
     env: Mapping[str, str] | None = None,
     stdout: int | IO[Any] | None = None,
     stderr: int | IO[Any] | None = None,
+    start_new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` (never through a shell) and record it, so `mm-agent stop` can later act on it."""
+    """Start `argv` (never through a shell) and record it, so `mm-agent stop` can later act on it.
+
+    `start_new_session` detaches it from the caller's terminal and process group (a job supervisor must
+    outlive the CLI call that started it and must not get the terminal's Ctrl-C).
+    """
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise MMAgentError("spawn needs a non-empty list of string arguments", field="argv")
     proc = subprocess.Popen(
-        argv, cwd=cwd, env=dict(env) if env is not None else None, stdout=stdout, stderr=stderr
+        argv,
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.DEVNULL if start_new_session else None,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=start_new_session,
     )
     with contextlib.suppress(MMAgentError):  # it already exited: nothing to record
         record(proc.pid, purpose)
@@ -550,3 +561,93 @@ def _stop(proc: psutil.Process, rec: ProcRecord, path: Path, req: StopRequest) -
         killed=killed,
         message=f"stopped PID {proc.pid} ({command}) and {len(children)} child process(es){extra}",
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# process groups (job stages)
+
+
+class GroupStop(BaseModel):
+    """What `stop_group` signalled."""
+
+    targets: list[int] = Field(description="PIDs that were alive and were sent SIGTERM")
+    killed: list[int] = Field(description="PIDs still alive after the timeout, sent SIGKILL")
+
+
+def _same_start(proc: psutil.Process, create_time: float) -> bool:
+    try:
+        return abs(proc.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
+    except psutil.Error:
+        return False
+
+
+def group_members(pgid: int, leader_create_time: float) -> list[psutil.Process]:
+    """Live processes of the process group mm-agent started as `pgid` (its leader's start time recorded).
+
+    A PGID stays reserved while any member lives, so the group cannot be a stranger's unless the leader
+    PID itself was reused, which the start time reveals: that is refused, never signalled.
+    """
+    try:
+        leader_start: float | None = psutil.Process(pgid).create_time()
+    except psutil.NoSuchProcess:
+        leader_start = None  # the leader exited; members it left keep the group id reserved
+    if leader_start is not None and abs(leader_start - leader_create_time) > CREATE_TIME_TOLERANCE_S:
+        raise MMAgentError(
+            f"process group {pgid} now belongs to a process mm-agent did not start (the PID was reused)",
+            field="pgid",
+            fix="nothing of that run is left to stop",
+        )
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+def verified(processes: Iterable[tuple[int, float]]) -> list[psutil.Process]:
+    """The recorded (PID, start time) pairs that still name the same live process (zombies excluded)."""
+    alive = []
+    for pid, create_time in processes:
+        try:
+            proc = psutil.Process(pid)
+            if _same_start(proc, create_time) and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def stop_group(
+    pgid: int, leader_create_time: float, extra: Iterable[psutil.Process], timeout_s: float
+) -> GroupStop:
+    """SIGTERM process group `pgid` and the `extra` processes (descendants that left the group, such as
+    torchrun's workers, which run in sessions of their own), wait `timeout_s`, then SIGKILL what is left.
+
+    Only the group mm-agent started (checked by `group_members`) and processes the caller verified as
+    its own are signalled; `killpg` also reaches members forked after the listing.
+    """
+    members = group_members(pgid, leader_create_time)
+    targets = {p.pid: p for p in [*members, *extra]}
+    if members:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    for proc in targets.values():
+        if proc.pid not in {m.pid for m in members}:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGTERM)  # psutil refuses a PID reused in the meantime
+    _, alive = psutil.wait_procs(list(targets.values()), timeout=timeout_s)
+    alive = [p for p in alive if _safe(p.status) not in (None, psutil.STATUS_ZOMBIE)]
+    late = group_members(pgid, leader_create_time) if members else []
+    if late:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    killed = sorted({p.pid for p in [*alive, *late]})
+    if killed:
+        psutil.wait_procs([*alive, *late], timeout=5)
+    return GroupStop(targets=sorted(targets), killed=killed)

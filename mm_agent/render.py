@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
-from mm_agent.jobspec import JobSpec, ResolvedJob, resolve_job
+from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
 from mm_agent.paths import confine
 
 JOB_FILE = "job.yaml"
@@ -53,8 +53,13 @@ class RenderResult(BaseModel):
     backend: str
     size: str
     mm_version: str
+    runtime: Runtime = Field(description="what the scripts run: MindSpeed-MM, or mm-agent's bundled runtime")
     status: Literal["dry_run", "written", "unchanged", "replaced"]
     backup_dir: str | None = None
+    kept_outputs: list[str] = Field(
+        default_factory=list,
+        description="outputs of the replaced job (features, samples) moved into this one",
+    )
     files: list[RenderedFile]
     next_steps: list[str]
 
@@ -115,11 +120,9 @@ def _check_parses(path: str, text: str) -> None:
 def render_files(job: ResolvedJob) -> dict[str, str]:
     """Render the task's template set for a resolved job: relative path -> text."""
     root = templates_dir()
-    set_dir = root / job.task.template
+    set_dir = root / job.template
     if not set_dir.is_dir():
-        raise MMAgentError(
-            f"no template set {job.task.template!r}", file=str(set_dir), fix="reinstall mm-agent"
-        )
+        raise MMAgentError(f"no template set {job.template!r}", file=str(set_dir), fix="reinstall mm-agent")
     env = jinja_environment(str(root))
     context: dict[str, Any] = {
         "job": job,
@@ -153,31 +156,73 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
     return files
 
 
-def _same_tree(target: Path, files: dict[str, str]) -> bool:
-    existing = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
-    if existing != set(files):
+def _job_files(target: Path, root: Path | None) -> set[str] | None:
+    """The files the job.yaml in `target` renders to: the job's own files, as opposed to what running the
+    job wrote into its directory (features, samples). None when `target` holds no readable job."""
+    if not (target / JOB_FILE).is_file():
+        return None
+    try:
+        spec = load_job_spec(target / JOB_FILE)
+        return set(render_files(resolve_job(spec, target, base=root, root=root)))
+    except MMAgentError:
+        return None
+
+
+def _same_tree(target: Path, files: dict[str, str], old_files: set[str] | None) -> bool:
+    """The job in `target` is this one: same job files, same text (outputs written into it don't count)."""
+    if old_files is None:
+        old_files = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
+    if old_files != set(files):
         return False
     return all(
         (target / rel).read_text(encoding="utf-8", errors="replace") == text for rel, text in files.items()
     )
 
 
-def _write_atomically(target: Path, files: dict[str, str], force: bool) -> tuple[str, str | None]:
-    """Write into a sibling temp dir, then rename; an existing different job is only replaced with force."""
+def _carry_outputs(old_root: Path, new_root: Path, job_files: set[str], rel: str = "") -> list[str]:
+    """Move what is not a job file (of the old or the new render) from the replaced job into the new one,
+    so re-rendering keeps extracted features, samples and logs; returns the moved paths."""
+    moved: list[str] = []
+    for entry in sorted((old_root / rel).iterdir() if rel else old_root.iterdir()):
+        name = f"{rel}/{entry.name}" if rel else entry.name
+        if name in job_files:
+            continue
+        holds_job_files = any(f.startswith(name + "/") for f in job_files)
+        if holds_job_files and entry.is_dir() and not entry.is_symlink():
+            moved += _carry_outputs(old_root, new_root, job_files, name)
+        elif not holds_job_files:
+            dest = new_root / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            entry.rename(dest)
+            moved.append(name)
+    return moved
+
+
+def _write_atomically(
+    target: Path, files: dict[str, str], force: bool, root: Path | None
+) -> tuple[str, str | None, list[str]]:
+    """Write into a sibling temp dir, then rename; an existing different job is only replaced with force.
+
+    The replaced job's files go to a backup directory; what the job wrote into its directory (features,
+    samples, logs) moves into the new one. Returns (status, backup dir, moved outputs).
+    """
     backup: str | None = None
+    old_files: set[str] | None = None
     if target.exists():
         if not target.is_dir():
             raise MMAgentError(
                 "output path exists and is not a directory", file=str(target), fix="choose another --out"
             )
         if any(target.iterdir()):
-            if _same_tree(target, files):
-                return "unchanged", None
+            old_files = _job_files(target, root)
+            if _same_tree(target, files, old_files):
+                return "unchanged", None, []
             if not force:
                 raise MMAgentError(
                     "output directory already holds different files",
                     file=str(target),
-                    fix="choose a new --out, or pass --force to replace it (the old directory is kept as a backup)",
+                    fix="choose a new --out, or pass --force to replace it (the old job files are kept as a "
+                    "backup; features and other outputs move to the new job)",
                 )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -188,29 +233,46 @@ def _write_atomically(target: Path, files: dict[str, str], force: bool) -> tuple
             dest.write_text(text, encoding="utf-8", newline="\n")
             if rel.endswith(".sh"):
                 dest.chmod(0o755)
-        status = "written"
-        if target.exists():
-            if any(target.iterdir()):
-                backup = f"{target}.bak-{time.strftime('%Y%m%d-%H%M%S')}"
-                target.rename(backup)
-                status = "replaced"
-            else:
-                target.rmdir()
-        tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return status, backup
+    if not target.exists():
+        tmp.rename(target)
+        return "written", None, []
+    if not any(target.iterdir()):
+        target.rmdir()
+        tmp.rename(target)
+        return "written", None, []
+    backup = f"{target}.bak-{time.strftime('%Y%m%d-%H%M%S')}"
+    target.rename(backup)
+    moved: list[str] = []
+    try:
+        if old_files is not None:  # an unknown directory is kept whole in the backup
+            moved = _carry_outputs(Path(backup), tmp, old_files | set(files))
+    finally:
+        tmp.rename(target)  # never deleted once outputs may have moved into it
+    return "replaced", backup, moved
 
 
 def _next_steps(job: ResolvedJob) -> list[str]:
     """The commands that take this job from nothing to training, in order, with this job's paths."""
-    from mm_agent.pipeline import convert_command
+    from mm_agent.pipeline import bundled_convert_command, convert_command
 
     d = job.job_dir
     steps: list[str] = []
-    if job.hf_id:
+    have_weights = job.weights is not None and job.weights.transformer_config is not None
+    if job.hf_id and not have_weights:
         steps.append(shlex.join(["huggingface-cli", "download", job.hf_id, "--local-dir", job.weights_dir]))
+    if job.runtime == "bundled":
+        source = str(Path(job.weights_dir) / "transformer")
+        steps.append(shlex.join(bundled_convert_command(job.entry, source=source, target=job.load_path)))
+        steps.append(f"mm-agent validate {shlex.quote(d)}")
+        if job.uses_features:
+            steps.append(f"mm-agent extract {shlex.quote(d)} --yes --wait")
+        steps.append(f"mm-agent train {shlex.quote(d)} --yes --wait")
+        if "inference.sh" in _script_names(job):
+            steps.append(f"mm-agent sample {shlex.quote(d)} --yes --wait")
+        return steps
     conv = job.entry.converter
     if conv is not None:
         vlm = job.llm_pp_layers is not None
@@ -235,7 +297,7 @@ def _next_steps(job: ResolvedJob) -> list[str]:
 
 
 def _script_names(job: ResolvedJob) -> list[str]:
-    set_dir = templates_dir() / job.task.template
+    set_dir = templates_dir() / job.template
     return [p.relative_to(set_dir).as_posix()[:-3] for p in set_dir.rglob("*.sh.j2")]
 
 
@@ -244,11 +306,13 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     base = (root or Path.cwd()).resolve()
     target = confine(req.out_dir, root) if root else (base / req.out_dir).resolve()
     spec = JobSpec.model_validate(req.model_dump(include=set(JobSpec.model_fields)))
-    job = resolve_job(spec, target, base=base)
+    job = resolve_job(spec, target, base=base, root=root)
     files = render_files(job)
-    status, backup = "dry_run", None
+    status: str = "dry_run"
+    backup: str | None = None
+    moved: list[str] = []
     if req.confirm:
-        status, backup = _write_atomically(target, files, req.force)
+        status, backup, moved = _write_atomically(target, files, req.force, root)
     return RenderResult(
         job_dir=str(target),
         model=job.entry.id,
@@ -256,8 +320,10 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
         backend=job.task.backend,
         size=job.size.id,
         mm_version=job.version.id,
+        runtime=job.runtime,
         status=status,  # type: ignore[arg-type]
         backup_dir=backup,
+        kept_outputs=moved,
         files=[
             RenderedFile(
                 path=rel,
@@ -272,6 +338,19 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     )
 
 
+def spec_error(exc: ValidationError, file: str | None = None) -> MMAgentError:
+    """A JobSpec validation error as the user-facing error: the field, pydantic's reason, the fix."""
+    err = exc.errors()[0]
+    field = ".".join(map(str, err["loc"])) or None
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return MMAgentError(
+        message,
+        file=file,
+        field=field,
+        fix="correct the field (see `mm-agent render --help`)",
+    )
+
+
 def load_job_spec(path: Path) -> JobSpec:
     """Read a job.yaml back (for `render --from`)."""
     try:
@@ -280,15 +359,7 @@ def load_job_spec(path: Path) -> JobSpec:
         raise MMAgentError(
             f"cannot read job spec: {exc}", file=str(path), fix="pass the job.yaml of a rendered job"
         ) from exc
-    from pydantic import ValidationError
-
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise MMAgentError(
-            err["msg"],
-            file=str(path),
-            field=".".join(map(str, err["loc"])),
-            fix="correct the field (see `mm-agent render --help`)",
-        ) from exc
+        raise spec_error(exc, str(path)) from exc

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.jobspec import Runtime, bundled_refusal
 from mm_agent.pipeline import PipelineStage, build_pipeline
 from mm_agent.registry import DATA_DIR, Registry, get_registry
 from mm_agent.registry.schema import Family, ModelEntry, SizeSpec, TaskId, TaskSpec, version_key
@@ -73,6 +74,11 @@ class RouteRequest(_Strict):
     mm_version: str | None = None
     npus: int | None = Field(default=None, ge=1, description="total NPUs")
     nodes: int | None = Field(default=None, ge=1)
+    runtime: Runtime = Field(
+        default="mindspeed-mm",
+        description="pipeline to show: MindSpeed-MM's scripts, or mm-agent's bundled runtime (Wan-family t2v; "
+        "other candidates keep the MindSpeed-MM pipeline)",
+    )
 
 
 class ParsedRequest(_Strict):
@@ -106,6 +112,7 @@ class RouteCandidate(_Strict):
     suggested_version: str | None
     explanation: str
     score: float
+    runtime: Runtime = Field(description="which runtime `pipeline` is for")
     pipeline: list[PipelineStage]
 
 
@@ -500,7 +507,7 @@ def _layout(p: _Parse, size: SizeSpec) -> tuple[int | None, int | None]:
     return max(1, p.npus // nodes), nodes
 
 
-def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry) -> RouteCandidate:
+def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry, runtime: Runtime) -> RouteCandidate:
     entry, task, why = s.entry, s.task, list(s.why)
     wanted = {tw.task for tw in p.tasks if tw.only_families is None or entry.family in tw.only_families}
     have = list(dict.fromkeys(t.id for t in entry.tasks))
@@ -511,11 +518,22 @@ def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry) -> RouteCandi
     if not available:
         note, suggested = _version_note(entry, task, version, reg)
         why.append(note)
+    if runtime == "bundled" and (refusal := bundled_refusal(entry, task, s.size)) is not None:
+        why.append(f"{refusal}: showing the MindSpeed-MM pipeline")
+        runtime = "mindspeed-mm"
     fe = task.feature_extraction
-    needs_fe = fe is not None and fe.versions.contains(version)
-    why.append(f"{task.id} trains with {task.backend} via {task.entry_script.path} ({task.launcher})")
-    if needs_fe and fe:
-        why.append(f"needs offline feature extraction ({fe.script})")
+    needs_fe = fe is not None and (runtime == "bundled" or fe.versions.contains(version))
+    if runtime == "bundled":
+        why.append(
+            f"{task.id} trains on mm-agent's bundled runtime (python -m runtime.train under torchrun; NPU, GPU or CPU)"
+        )
+        why.append(
+            "features are extracted first (python -m runtime.extract)" if needs_fe else "encodes online"
+        )
+    else:
+        why.append(f"{task.id} trains with {task.backend} via {task.entry_script.path} ({task.launcher})")
+        if needs_fe and fe:
+            why.append(f"needs offline feature extraction ({fe.script})")
     per_node, nodes = _layout(p, s.size)
     conv = entry.converter
     return RouteCandidate(
@@ -536,7 +554,10 @@ def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry) -> RouteCandi
         suggested_version=suggested,
         explanation="; ".join(w.rstrip(".") for w in why) + ".",
         score=s.score,
-        pipeline=build_pipeline(entry, task, s.size, version, npus_per_node=per_node, nnodes=nodes),
+        runtime=runtime,
+        pipeline=build_pipeline(
+            entry, task, s.size, version, npus_per_node=per_node, nnodes=nodes, runtime=runtime
+        ),
     )
 
 
@@ -618,5 +639,7 @@ def route_model(req: RouteRequest) -> RouteResult:
         ),
     )
     return RouteResult(
-        candidates=[_candidate(x, p, version, reg) for x in top], question=question, parsed=parsed
+        candidates=[_candidate(x, p, version, reg, req.runtime) for x in top],
+        question=question,
+        parsed=parsed,
     )

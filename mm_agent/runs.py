@@ -5,7 +5,8 @@ any other inputs such as `plan.json`), what it says while working (`progress.jso
 what it ended with (`report.json`, a dict with a `status`; "failed" means it failed) and everything it
 printed (`run.log`). `run.json` records the worker's PID and start time so a status call can tell a live
 worker from a dead one: a worker that is gone without a report was killed (signal, OOM killer, reboot).
-The worker is started with `procs.spawn`, so `mm-agent stop PID` may stop it and nothing else.
+The worker is started with `procs.spawn`, so `mm-agent stop` may stop it and nothing else. Job stages
+(`mm_agent.jobs`) are runs too: their worker is a supervisor whose report may also say "stopped".
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mm_agent.errors import MMAgentError
 from mm_agent.procs import CREATE_TIME_TOLERANCE_S, spawn, state_dir
 
-RunState = Literal["running", "succeeded", "failed", "killed"]
+RunState = Literal["running", "succeeded", "failed", "stopped", "killed"]
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 _KIND = re.compile(r"^[a-z0-9]{1,16}$")
@@ -87,7 +88,9 @@ class RunList(BaseModel):
     runs: list[RunStatus] = Field(description="newest first")
 
 
-class _Meta(BaseModel):
+class RunMeta(BaseModel):
+    """run.json: the worker (for job stages, the supervisor) as started."""
+
     run_id: str
     kind: str
     argv: list[str]
@@ -132,11 +135,13 @@ def start_run(
     root: Path | None = None,
     *,
     inputs: Mapping[str, BaseModel] | None = None,
+    new_session: bool = False,
 ) -> RunInfo:
     """Start `argv + [run_dir]` in the background as run `kind-<time>-<hex>`.
 
     `request` is written to request.json and `inputs` to `<name>` files before the worker starts; its
     stdout and stderr go to run.log; `root` is its working directory (the workspace over MCP).
+    `new_session` detaches the worker from the caller's terminal (job supervisors outlive the CLI).
     """
     if not _KIND.match(kind):
         raise MMAgentError(f"bad run kind {kind!r}", field="kind", fix="use lower-case letters and digits")
@@ -158,6 +163,7 @@ def start_run(
             env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )
     # Reap the worker when it exits so a long-lived server does not collect zombies; the status comes
     # from the run directory, not from this handle.
@@ -167,7 +173,7 @@ def start_run(
     except psutil.Error:
         create_time = None  # already gone: status reports it from its report (or as killed)
     started = utc_now()
-    meta = _Meta(
+    meta = RunMeta(
         run_id=run_id,
         kind=kind,
         argv=[*argv, str(run_dir)],
@@ -186,19 +192,20 @@ def run_dir_for(run_id: str) -> Path:
     """The directory of an existing run; ids are checked so a crafted id cannot leave the runs folder."""
     if not _RUN_ID.match(run_id):
         raise MMAgentError(
-            f"invalid run id {run_id!r}", field="run_id", fix="pass an id from `mm-agent runs` (a-z, 0-9, -)"
+            f"invalid run id {run_id!r}", field="run_id", fix="pass an id from `mm-agent jobs` (a-z, 0-9, -)"
         )
     path = runs_dir() / run_id
     if not (path / META).is_file():
         raise MMAgentError(
             f"no run {run_id!r} in {runs_dir()}",
             field="run_id",
-            fix="list the runs with `mm-agent runs` (runs are kept in the state dir until deleted)",
+            fix="list the runs with `mm-agent jobs` (runs are kept in the state dir until deleted)",
         )
     return path
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -206,7 +213,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _alive(meta: _Meta) -> bool:
+def worker_alive(meta: RunMeta) -> bool:
     """The recorded worker still runs (same PID and start time; a zombie counts as gone)."""
     try:
         proc = psutil.Process(meta.pid)
@@ -219,39 +226,47 @@ def _alive(meta: _Meta) -> bool:
         return False
 
 
-def tail(path: Path, lines: int) -> list[str]:
+def tail(path: Path, lines: int, max_bytes: int = _TAIL_BYTES) -> list[str]:
+    """The last `lines` lines among the file's last `max_bytes` bytes (bounded, whatever the log size)."""
     if lines <= 0:
         return []
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
-            fh.seek(max(0, size - _TAIL_BYTES))
+            fh.seek(max(0, size - max_bytes))
             data = fh.read()
     except OSError:
         return []
     return data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
-def _status(run_dir: Path, log_lines: int) -> RunStatus:
-    raw = _read_json(run_dir / META)
+def read_meta(run_dir: Path) -> RunMeta:
     try:
-        meta = _Meta.model_validate(raw)
+        return RunMeta.model_validate(read_json(run_dir / META))
     except ValidationError:
         raise MMAgentError(
             f"{run_dir / META} is not a run record", fix="delete that run directory; it is not mm-agent's"
         ) from None
+
+
+def _status(run_dir: Path, log_lines: int) -> RunStatus:
+    meta = read_meta(run_dir)
     # Read the report before checking the process: a worker that writes it and exits in between is
     # then seen as finished, not killed.
-    report = _read_json(run_dir / REPORT)
-    alive = report is None and _alive(meta)
+    report = read_json(run_dir / REPORT)
+    alive = report is None and worker_alive(meta)
     if report is None and not alive:
-        report = _read_json(run_dir / REPORT)
-    progress = RunProgress.model_validate(_read_json(run_dir / PROGRESS) or {})
+        report = read_json(run_dir / REPORT)
+    try:
+        progress = RunProgress.model_validate(read_json(run_dir / PROGRESS) or {})
+    except ValidationError:  # a job stage's progress.json has its own shape (mm_agent.jobs reads it)
+        progress = RunProgress()
     finished = None
     state: RunState
     if report is not None:
-        state = "failed" if report.get("status") == "failed" else "succeeded"
+        ended = report.get("status")
+        state = "failed" if ended == "failed" else "stopped" if ended == "stopped" else "succeeded"
         with contextlib.suppress(OSError):
             mtime = (run_dir / REPORT).stat().st_mtime
             finished = dt.datetime.fromtimestamp(mtime, dt.timezone.utc).isoformat(timespec="seconds")
@@ -259,7 +274,10 @@ def _status(run_dir: Path, log_lines: int) -> RunStatus:
         state = "running" if alive else "killed"
     hint = None
     if state == "running":
-        hint = f"`mm-agent stop {meta.pid}` (dry run), then `mm-agent stop {meta.pid} --yes`"
+        hint = (
+            f"`mm-agent stop {meta.run_id}` (dry run), then `mm-agent stop {meta.run_id} --yes` "
+            f"(worker PID {meta.pid})"
+        )
     return RunStatus(
         run_id=meta.run_id,
         kind=meta.kind,

@@ -223,6 +223,99 @@ def make_dataset(
     return index
 
 
+def write_extract_configs(
+    out: Path,
+    *,
+    dataset_dir: Path,
+    weights: Path,
+    save_path: Path,
+    num_frames: int = 17,
+    height: int = 64,
+    width: int = 64,
+    text_len: int = 32,
+    preprocess: dict[str, object] | None = None,
+) -> dict[str, Path]:
+    """MindSpeed-MM's feature-extraction configs (data.json, data.txt, model_t2v.json, tools.json) in `out`.
+
+    The structure is MindSpeed-MM's `examples/wan2.1/feature_extract` one, with the sizes, paths and the
+    `preprocess` overrides given; returns {"data", "model", "tool", "data_txt"} paths.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    data_txt = out / "data.txt"
+    data_txt.write_text(f"{dataset_dir},{dataset_dir / 'data.json'}\n", encoding="utf-8")
+    resize = {
+        "transform_size": "auto",
+        "interpolation_mode": "bilinear",
+        "antialias": True,
+        "mode": "shortside",
+    }
+    crop = {"use_short_edge": False, "top_crop": False, "align_corners": False, "antialias": True}
+    pre: dict[str, object] = {
+        "video_processor_type": "OpensoraplanVideoProcessor",
+        "video_reader_type": "DecordVideo",
+        "num_frames": num_frames,
+        "min_num_frames": 1,
+        "frame_interval": 1,
+        "auto_interval": False,
+        "max_height": height,
+        "max_width": width,
+        "train_fps": 16,
+        "drop_short_ratio": 0.0,
+        "train_pipeline": {
+            "video_and_first_frame": [
+                {"trans_type": "ResizeVideo", "param": resize},
+                {"trans_type": "ToTensorVideo"},
+            ],
+            "video_only": [
+                {"trans_type": "CenterCropResizeVideo", "param": {**crop, "transform_size": "auto"}},
+                {"trans_type": "norm_fun", "param": {"mean": 0.5, "std": 0.5}},
+            ],
+        },
+        **(preprocess or {}),
+    }
+    data = {
+        "dataset_param": {
+            "dataset_type": "t2v",
+            "basic_parameters": {"data_path": str(data_txt), "data_storage_mode": "combine"},
+            "preprocess_parameters": pre,
+            "use_text_processer": True,
+            "enable_text_preprocessing": True,
+            "text_preprocess_methods": {"method": "whitespace_clean"},
+            "tokenizer_config": {
+                "autotokenizer_name": "AutoTokenizer",
+                "hub_backend": "hf",
+                "from_pretrained": str(weights / "tokenizer"),
+                "model_max_length": text_len,
+            },
+        },
+        "dataloader_param": {"dataloader_mode": "sampler", "shuffle": False, "drop_last": False},
+    }
+    model = {
+        "ae": {
+            "model_id": "wan_video_vae",
+            "from_pretrained": str(weights / "vae"),
+            "dtype": "fp32",
+            "enable_tiling": False,
+            "norm_latents": True,
+            "norm_mode": "channel_specified_shift_scale",
+            "do_sample": False,
+        },
+        "text_encoder": {
+            "model_id": "UMT5",
+            "dtype": "fp32",
+            "hub_backend": "hf",
+            "from_pretrained": str(weights / "text_encoder"),
+        },
+    }
+    paths = {"data": out / "data.json", "model": out / "model_t2v.json", "tool": out / "tools.json"}
+    paths["data"].write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    paths["model"].write_text(json.dumps(model, indent=2) + "\n", encoding="utf-8")
+    paths["tool"].write_text(
+        json.dumps({"sorafeature": {"save_path": str(save_path)}}) + "\n", encoding="utf-8"
+    )
+    return {**paths, "data_txt": data_txt}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.synth", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -236,9 +329,28 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--height", type=int, default=64)
     d.add_argument("--width", type=int, default=64)
     d.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("configs", help="MindSpeed-MM feature-extraction configs for a dataset + weights")
+    c.add_argument("out", type=Path)
+    c.add_argument("--dataset", type=Path, required=True, help="folder holding data.json (from `dataset`)")
+    c.add_argument("--weights", type=Path, required=True, help="diffusers-layout weights (from `weights`)")
+    c.add_argument("--save-path", type=Path, required=True, help="sorafeature.save_path (features go here)")
+    c.add_argument("--frames", type=int, default=17)
+    c.add_argument("--height", type=int, default=64)
+    c.add_argument("--width", type=int, default=64)
     args = parser.parse_args(argv)
     if args.what == "weights":
         print(build_tiny_wan(args.out, seed=args.seed))
+    elif args.what == "configs":
+        written = write_extract_configs(
+            args.out,
+            dataset_dir=args.dataset.resolve(),
+            weights=args.weights.resolve(),
+            save_path=args.save_path.resolve(),
+            num_frames=args.frames,
+            height=args.height,
+            width=args.width,
+        )
+        print("\n".join(str(p) for p in written.values()))
     else:
         print(
             make_dataset(

@@ -27,6 +27,7 @@ from mm_agent.convert.layout import TRACKER
 from mm_agent.convert.manifest import MANIFEST
 from mm_agent.convert.upstream import plan_upstream
 from mm_agent.errors import MMAgentError
+from mm_agent.jobs import stop_job
 from mm_agent.procs import StopRequest, stop_process
 from mm_agent.render import RenderRequest, render_job
 from mm_agent.runs import RunStatus, RunStatusRequest, list_runs, run_status, wait_run
@@ -280,7 +281,7 @@ async def test_mcp_dry_run_then_run_then_status(ws: Path, hf: Path) -> None:
         assert seen and run_id in (seen[0][2] or "")
         end = time.monotonic() + DEADLINE_S
         while True:
-            status = await client.call_tool("run_status", {"req": {"run_id": run_id}})
+            status = await client.call_tool("job_status", {"req": {"run_id": run_id}})
             assert not status.is_error and status.structured_content is not None
             if status.structured_content["state"] != "running" or time.monotonic() > end:
                 break
@@ -307,9 +308,9 @@ async def test_mcp_paths_outside_workspace_refused(ws: Path, tmp_path: Path) -> 
             r = await client.call_tool("convert_weights", {"req": {**base, **change}})
             assert r.is_error, change
             assert "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
-        r = await client.call_tool("run_status", {"req": {"run_id": "../x"}})
+        r = await client.call_tool("job_status", {"req": {"run_id": "../x"}})
         assert r.is_error
-        r = await client.call_tool("run_status", {"req": {"run_id": "convert-nope"}})
+        r = await client.call_tool("job_status", {"req": {"run_id": "convert-nope"}})
         assert r.is_error and "no run" in r.content[0].text  # type: ignore[union-attr]
     assert not any(outside.iterdir())
 
@@ -582,10 +583,10 @@ def test_upstream_run_stopped_midway_is_killed(
             break
         assert time.monotonic() < end and status.state == "running", status
         time.sleep(0.1)
-    stopped = stop_process(StopRequest(pid=status.pid, confirm=True, timeout_s=5))
+    stopped = stop_job(started.run_id, confirm=True, timeout_s=5)  # by run id, as its stop hint says
     assert len(stopped.targets) >= 2  # the worker and mm-convert under it
     after = run_status(RunStatusRequest(run_id=started.run_id))
-    assert after.state == "killed" and not (ws / "c" / TRACKER).exists()
+    assert after.state == stopped.state == "killed" and not (ws / "c" / TRACKER).exists()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -25,7 +25,11 @@ TOOLS = {
     "stop_process",
     "install_deps",
     "convert_weights",
-    "run_status",
+    "extract_features",
+    "launch_training",
+    "job_status",
+    "tail_logs",
+    "stop_job",
 }
 REPO = Path(__file__).resolve().parent.parent
 

@@ -103,6 +103,26 @@ def test_launch_forms() -> None:
     assert second.positionals == ["x.yaml"]
 
 
+def test_bundled_runtime_launch_form() -> None:
+    """`"$PYTHON" -m torch.distributed.run $ARGS -m runtime.train ...`: torchrun by module, the launcher a
+    variable with an env-overridable default, the entry a module; `-m` belongs to neither flag list."""
+    text = (
+        "PYTHON=${PYTHON:-'/opt/my env/bin/python3.11'}\n"
+        "NPUS_PER_NODE=${NPUS_PER_NODE:-2}\n"
+        'DISTRIBUTED_ARGS="--nproc_per_node $NPUS_PER_NODE --master_port ${MASTER_PORT:-6000}"\n'
+        '"$PYTHON" -m torch.distributed.run $DISTRIBUTED_ARGS -m runtime.train --lr 1e-5 --use-torch-fsdp2\n'
+        '"$PYTHON" -m runtime.sample --seed 3\n'
+    )
+    info = parse_script("/j/pretrain.sh", text)
+    assert info.env["PYTHON"] == "/opt/my env/bin/python3.11"
+    train, sample = info.commands
+    assert (train.launcher, train.entry) == ("torchrun", "runtime.train")
+    assert train.launcher_flags == {"--nproc_per_node": ["2"], "--master_port": ["6000"]}
+    assert train.flags == {"--lr": ["1e-5"], "--use-torch-fsdp2": []}
+    assert (sample.launcher, sample.entry, sample.flags) == ("python", "runtime.sample", {"--seed": ["3"]})
+    assert not train.has_unknown and not sample.has_unknown
+
+
 def test_statements_keep_start_lines() -> None:
     stmts = split_statements('A=1\nB="x\ny"\n\n# c\nrun a \\\n  b | tee log\n')
     assert [(s.line, s.text.split()[0]) for s in stmts] == [(1, "A=1"), (2, 'B="x'), (6, "run"), (7, "tee")]

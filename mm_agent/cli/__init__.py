@@ -13,9 +13,43 @@ from collections.abc import Sequence
 from mm_agent import __version__
 from mm_agent.errors import MMAgentError
 
-from . import convert, diagnose, doctor, install, models, ps, render, route, runs, serve, stop, validate
+from . import (
+    convert,
+    demo,
+    diagnose,
+    doctor,
+    install,
+    jobs,
+    logs,
+    models,
+    ps,
+    render,
+    route,
+    serve,
+    stages,
+    status,
+    stop,
+    validate,
+)
 
-COMMANDS = (models, route, render, validate, diagnose, doctor, install, convert, runs, ps, stop, serve)
+COMMANDS = (
+    models,
+    route,
+    render,
+    validate,
+    diagnose,
+    doctor,
+    install,
+    convert,
+    stages,
+    jobs,
+    status,
+    logs,
+    ps,
+    stop,
+    demo,
+    serve,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

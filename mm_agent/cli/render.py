@@ -12,9 +12,11 @@ import typing
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from pydantic import ValidationError
+
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import JobSpec
-from mm_agent.render import RenderRequest, load_job_spec, render_job
+from mm_agent.render import RenderRequest, load_job_spec, render_job, spec_error
 
 from .output import add_json_flag, console, print_json
 
@@ -48,7 +50,9 @@ def add_parser(sub: Any) -> None:
         "render",
         help="render a ready-to-run MindSpeed-MM job directory",
         epilog="examples:\n  mm-agent render wan2.1 --task t2v --out jobs/wan21 --weights-dir weights/Wan2.1-T2V-1.3B-Diffusers\n"
-        "  mm-agent render --from jobs/wan21/job.yaml --out jobs/wan21 --npus-per-node 16 --force",
+        "  mm-agent render --from jobs/wan21/job.yaml --out jobs/wan21 --npus-per-node 16 --force\n"
+        "  mm-agent render wan2.1 --task t2v --runtime bundled --weights-dir tiny-wan --num-frames 17 "
+        "--max-height 64 --max-width 64 --out jobs/tiny",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", nargs="?", help="registry model id (see `mm-agent models`)")
@@ -88,14 +92,18 @@ def run(args: argparse.Namespace) -> int:
         raise MMAgentError(
             "no task given", field="--task", fix="pass --task (e.g. t2v, i2v, sft); see mm-agent models"
         )
-    req = RenderRequest(**given, out_dir=args.out, confirm=not args.dry_run, force=args.force)
+    try:
+        req = RenderRequest(**given, out_dir=args.out, confirm=not args.dry_run, force=args.force)
+    except ValidationError as exc:
+        raise spec_error(exc) from exc
     result = render_job(req)
     if args.json:
         print_json(result)
         return 0
     out = console()
+    where = "the bundled runtime" if result.runtime == "bundled" else result.backend
     out.print(
-        f"[bold]{result.model}[/bold] {result.size} {result.task} on {result.backend}, MindSpeed-MM {result.mm_version}"
+        f"[bold]{result.model}[/bold] {result.size} {result.task} on {where}, MindSpeed-MM {result.mm_version}"
     )
     verb = {"dry_run": "would write", "written": "wrote", "unchanged": "unchanged", "replaced": "replaced"}[
         result.status
@@ -103,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"{verb} {len(result.files)} files in {result.job_dir}")
     if result.backup_dir:
         out.print(f"previous job kept at {result.backup_dir}")
+    if result.kept_outputs:
+        out.print(f"kept from the previous job: {', '.join(result.kept_outputs)}", markup=False)
     for f in result.files:
         out.print(f"  {f.path}", markup=False)
     out.print("next:")

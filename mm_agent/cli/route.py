@@ -24,6 +24,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mm-version", help="MindSpeed-MM version")
     p.add_argument("--npus", type=int, help="NPUs per node")
     p.add_argument("--nodes", type=int, help="number of nodes")
+    p.add_argument(
+        "--runtime",
+        choices=["mindspeed-mm", "bundled"],
+        default="mindspeed-mm",
+        help="pipeline for MindSpeed-MM's scripts or mm-agent's bundled runtime (Wan-family t2v)",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -37,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             mm_version=args.mm_version,
             npus=args.npus,
             nodes=args.nodes,
+            runtime=args.runtime,
         )
     )
     if args.json:

@@ -3,7 +3,7 @@
 A dry run returns the plan: the layout it will write, the memory/disk estimate and the equivalent
 mm-convert command. With `confirm` the plan is checked again (a conversion that does not fit is refused
 before anything starts) and the conversion starts in a worker process (`mm_agent.convert.worker`), so the
-caller gets a run id at once and follows it with `run_status`. Converters mm-agent implements run
+caller gets a run id at once and follows it with `job_status`. Converters mm-agent implements run
 natively (`plan.NATIVE`); the others run MindSpeed-MM's mm-convert (`upstream`). Nothing here imports
 torch.
 """
@@ -69,7 +69,7 @@ def convert_weights(req: ConvertRequest, root: Path | None = None) -> ConvertRep
         run_id=info.run_id,
         plan=plan,
         message=f"conversion started as run {info.run_id} (PID {info.pid}, log {info.log}); follow it with "
-        f"run_status / `mm-agent runs {info.run_id}`; stop it with `mm-agent stop {info.pid} --yes`",
+        f"job_status / `mm-agent status {info.run_id}`; stop it with `mm-agent stop {info.run_id} --yes`",
     )
 
 

@@ -17,7 +17,9 @@ from mm_agent.validate.findings import Severity, Sink
 from mm_agent.validate.shell import LaunchCommand, ScriptInfo, parse_script
 
 CONFIG_FLAGS = {"mm-data": "--mm-data", "mm-model": "--mm-model", "mm-tool": "--mm-tool"}
-FE_MARKERS = ("feature_extraction", "get_wan_feature", "get_sora_feature")
+FE_MARKERS = ("feature_extraction", "get_wan_feature", "get_sora_feature", "runtime.extract")
+# mm-agent's bundled runtime (`python -m runtime.<x>`): MindSpeed-MM's configs, its own launch flags.
+BUNDLED_PREFIX = "runtime."
 
 
 @dataclass
@@ -46,10 +48,15 @@ class Launch:
         return any(m in (self.cmd.entry or "") for m in FE_MARKERS)
 
     @property
+    def is_bundled(self) -> bool:
+        return (self.cmd.entry or "").startswith(BUNDLED_PREFIX)
+
+    @property
     def is_training(self) -> bool:
         name = self.entry
-        return not self.is_feature and name.startswith(
-            ("pretrain", "posttrain", "finetune", "train", "trainer")
+        return not self.is_feature and (
+            name.startswith(("pretrain", "posttrain", "finetune", "train", "trainer"))
+            or name == BUNDLED_PREFIX + "train"
         )
 
     def has(self, flag: str) -> bool:

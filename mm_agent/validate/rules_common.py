@@ -157,7 +157,8 @@ def _uses_fsdp2(launch: Launch) -> bool:
 
 
 def _fsdp2(job: Job, launch: Launch) -> None:
-    if not _uses_fsdp2(launch):
+    """MindSpeed-MM's FSDP2 launch settings; the bundled runtime's FSDP2 needs neither."""
+    if not _uses_fsdp2(launch) or launch.is_bundled:
         return
     info = launch.script.info
     file, field, line = launch.where("--use-torch-fsdp2")

@@ -251,12 +251,21 @@ def _assign(info: ScriptInfo, expander: Expander, words: list[str], line: int, *
         info.var_lines[name] = line
 
 
+_PYTHON = re.compile(r"^python(?:\d+(?:\.\d+)*)?$")
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
 def _launch(expander: Expander, words: list[str], line: int) -> LaunchCommand | None:
+    """The launch command of a statement: `torchrun ... x.py`, `python x.py`, `python -m pkg.mod`, or
+    `"$PYTHON" -m torch.distributed.run ... -m pkg.mod` (torchrun by module, as the bundled runtime's
+    scripts launch); the launcher word itself may be a variable."""
     while words and _ASSIGN.match(words[0]):
         words = words[1:]
     if not words:
         return None
-    launcher = words[0].rsplit("/", 1)[-1]
+    head = expander.word(words[0])
+    name = (head[0] if len(head) == 1 and head[0] else words[0]).rsplit("/", 1)[-1]
+    launcher = "python" if _PYTHON.match(name) else name
     if launcher not in _LAUNCHERS:
         return None
     tokens: list[str | None] = []
@@ -269,12 +278,16 @@ def _launch(expander: Expander, words: list[str], line: int) -> LaunchCommand | 
             skip_next = bool(re.fullmatch(r"\d*(?:[<>]{1,2}|&>)", word))
             continue
         tokens.extend(expander.word(word))
+    if launcher == "python" and len(tokens) >= 2 and tokens[0] == "-m" and tokens[1] in _TORCHRUN_MODULES:
+        launcher, tokens = "torchrun", tokens[2:]
     entry_at = next((k for k, t in enumerate(tokens) if t is not None and t.endswith(".py")), None)
     if entry_at is None and "-m" in tokens:
         entry_at = tokens.index("-m") + 1
     if entry_at is None or entry_at >= len(tokens):
         return None
     before, entry, after = tokens[:entry_at], tokens[entry_at], tokens[entry_at + 1 :]
+    if before and before[-1] == "-m":
+        before = before[:-1]
     flags, positionals = parse_flags(after)
     launcher_flags, _ = parse_flags(before)
     return LaunchCommand(

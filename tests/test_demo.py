@@ -1,0 +1,199 @@
+"""`mm-agent demo` end to end: one real run (torchrun extraction + FSDP2 training + sampling) through the
+CLI's `--json` form, then its report and every artefact checked for real (decord, PNG magic, checkpoint
+layout, feature count, diagnosis); plus the refusal to write into a directory the demo did not create."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mm_agent.cli.demo import print_summary
+from mm_agent.demo import LOSS_WINDOW, MARKER, DemoReport, DemoRequest, prepare_run_dir, run_demo
+from mm_agent.diagnose import DiagnoseRequest, diagnose_errors
+from mm_agent.errors import MMAgentError
+
+CLIPS, ITERS, FRAMES = 4, 40, 17
+STAGES = [
+    "dataset",
+    "weights",
+    "route",
+    "render",
+    "validate",
+    "convert",
+    "extract",
+    "train",
+    "sample",
+    "diagnose",
+]
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("mm-agent")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "mm_agent"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
+    """One real demo run, small: the `--json` CLI in a subprocess with its own state dir."""
+    root = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "MM_AGENT_STATE_DIR": str(root / "state")}
+    argv = [
+        *_cli(),
+        "demo",
+        "--json",
+        "--dir",
+        str(root / "demo"),
+        "--clips",
+        str(CLIPS),
+        "--iters",
+        str(ITERS),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    report = DemoReport.model_validate_json(proc.stdout)
+    return report, proc
+
+
+@pytest.mark.slow
+def test_demo_passes_and_the_loss_falls(demo: tuple[DemoReport, subprocess.CompletedProcess[str]]) -> None:
+    report, proc = demo
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report.ok, report.message
+    assert [s.name for s in report.stages] == STAGES
+    assert all(s.ok for s in report.stages), [s for s in report.stages if not s.ok]
+    assert len(report.losses) == ITERS
+    window = report.loss_window
+    assert window == max(LOSS_WINDOW, ITERS // 10)
+    assert report.loss_first == pytest.approx(sum(report.losses[:window]) / window)
+    assert report.loss_last == pytest.approx(sum(report.losses[-window:]) / window)
+    assert report.loss_last is not None and report.loss_first is not None
+    assert report.loss_last < report.loss_first
+    on_disk = json.loads(Path(report.artifacts.report or "").read_text(encoding="utf-8"))
+    assert DemoReport.model_validate(on_disk) == report
+
+
+@pytest.mark.slow
+def test_demo_artifacts_are_real(demo: tuple[DemoReport, subprocess.CompletedProcess[str]]) -> None:
+    import decord
+
+    a = demo[0].artifacts
+    assert a.sample and a.loss_curve and a.checkpoint and a.features and a.train_log and a.converted
+    video = decord.VideoReader(a.sample)
+    assert len(video) == FRAMES
+    assert Path(a.loss_curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ckpt = Path(a.checkpoint)
+    tracker = (ckpt.parent / "latest_checkpointed_iteration.txt").read_text(encoding="utf-8").strip()
+    assert ckpt.name == f"iter_{int(tracker):07d}" and int(tracker) == ITERS
+    assert (ckpt / "mp_rank_00" / "model_optim_rng.pt").is_file()
+    assert (Path(a.converted) / "latest_checkpointed_iteration.txt").read_text(
+        encoding="utf-8"
+    ).strip() == "release"
+    features = Path(a.features)
+    records = [
+        json.loads(line) for line in (features / "data.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    assert len(records) == CLIPS == len(list((features / "features").glob("*.pt")))
+    assert len({r["file"] for r in records}) == CLIPS  # same basenames in set_a/set_b did not collide
+    assert a.tensorboard and any(Path(a.tensorboard).glob("events.out.tfevents.*"))
+    diagnosis = diagnose_errors(DiagnoseRequest(paths=[a.train_log]))
+    assert diagnosis.root_cause is None or diagnosis.root_cause.effect != "fatal"
+    assert diagnosis.progress.iteration == ITERS
+
+
+@pytest.mark.slow
+def test_summary_table_names_every_stage(
+    demo: tuple[DemoReport, subprocess.CompletedProcess[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    print_summary(demo[0])
+    out = capsys.readouterr().out
+    assert all(name in out for name in STAGES) and "PASSED" in out
+    assert demo[0].artifacts.sample and Path(demo[0].artifacts.sample).name in out
+    assert all(f"✓ {name}" in demo[1].stderr for name in STAGES)  # the live display, on stderr
+
+
+@pytest.mark.slow
+def test_demo_dir_is_reused_with_a_new_run_folder(
+    demo: tuple[DemoReport, subprocess.CompletedProcess[str]],
+) -> None:
+    run_dir = Path(demo[0].run_dir)
+    demo_dir = run_dir.parent
+    assert (demo_dir / MARKER).is_file()
+    second = prepare_run_dir(demo_dir)
+    assert second.parent == demo_dir and second != run_dir and not any(second.iterdir())
+    assert run_dir.is_dir()  # the first run is untouched
+    second.rmdir()
+
+
+def test_refuses_a_non_demo_directory(tmp_path: Path) -> None:
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me", encoding="utf-8")
+    before = sorted(p.name for p in user.iterdir())
+    with pytest.raises(MMAgentError) as exc:
+        run_demo(DemoRequest(dir=str(user)))
+    assert exc.value.field == "--dir" and "not an mm-agent demo directory" in exc.value.message
+    assert sorted(p.name for p in user.iterdir()) == before
+    assert (user / "notes.txt").read_text(encoding="utf-8") == "keep me"
+
+
+def test_cli_refuses_a_non_demo_directory_without_traceback(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("1,2\n", encoding="utf-8")
+    proc = subprocess.run([*_cli(), "demo", "--json", "--dir", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "not an mm-agent demo directory" in proc.stderr and "fix:" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert [p.name for p in tmp_path.iterdir()] == ["data.csv"]
+
+
+def test_request_bounds() -> None:
+    with pytest.raises(ValueError):
+        DemoRequest(iters=2 * LOSS_WINDOW - 1)
+    defaults: dict[str, Any] = DemoRequest().model_dump()
+    assert defaults["nproc"] == 2 and defaults["dir"] == "mm-agent-demo"
+
+
+def test_a_failed_stage_stops_the_run_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
+    events: list[tuple[str, str]] = []
+    req = DemoRequest(dir=str(tmp_path / "demo"), clips=2, request="fine-tune Qwen2.5-VL 7B on my images")
+    report = run_demo(req, lambda e: events.append((e.stage, e.state)))
+    assert not report.ok
+    assert [(s.name, s.ok) for s in report.stages] == [("dataset", True), ("weights", True), ("route", False)]
+    assert "qwen2.5vl" in report.stages[-1].detail and "the route stage failed" in report.message
+    assert ("route", "failed") in events and not any(stage == "render" for stage, _ in events)
+    assert report.loss_first is None and report.artifacts.job is None
+    assert DemoReport.model_validate_json(Path(report.run_dir, "demo_report.json").read_text()) == report
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_running_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGINT to the CLI stops the torchrun stage it started (which runs in its own session) and exits 130."""
+    from mm_agent.jobs import job_status
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(state))
+    env = dict(os.environ)
+    argv = [*_cli(), "demo", "--json", "--dir", str(tmp_path / "demo"), "--clips", "2", "--iters", "6"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((state / "runs").glob("extract-*/stage.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, "extraction never started"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err
+    run_id = next((state / "runs").glob("extract-*")).name
+    status = job_status(run_id)
+    assert status.state == "stopped" and status.pids == []
