@@ -197,3 +197,63 @@ def test_ctrl_c_stops_the_running_stage(tmp_path: Path, monkeypatch: pytest.Monk
     run_id = next((state / "runs").glob("extract-*")).name
     status = job_status(run_id)
     assert status.state == "stopped" and status.pids == []
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_mcp_job_tools_stop_and_resume_a_real_training(
+    demo: tuple[DemoReport, subprocess.CompletedProcess[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a real MCP session: launch the demo job's training (a variant saving every 5 iterations), watch
+    it with job_status, stop it after its iteration-10 checkpoint, launch it again: it resumes there."""
+    import anyio
+    import yaml
+    from mcp import Client
+
+    from mm_agent.render import RenderRequest, render_job
+    from mm_agent.server import build_server
+
+    report, _ = demo
+    run = Path(report.run_dir)
+    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
+    spec = yaml.safe_load((run / "job" / "job.yaml").read_text(encoding="utf-8"))
+    spec.update(train_iters=30, save_interval=5, save_path=str(run / "resume-ckpt"))
+    render_job(RenderRequest(**spec, out_dir=str(run / "job2"), confirm=True))
+
+    async def until(client: Client, run_id: str, done: Any) -> dict[str, Any]:
+        end = time.monotonic() + 300
+        while True:
+            r = await client.call_tool("job_status", {"req": {"run_id": run_id, "log_lines": 0}})
+            body = r.structured_content
+            assert body is not None and time.monotonic() < end, body
+            if done(body):
+                return body
+            await anyio.sleep(0.2)
+
+    async with Client(build_server(run), raise_exceptions=True) as client:
+        monkeypatch.setenv("MM_AGENT_TRAIN_TEST_DELAY", "0.4")  # slow enough to stop mid-run
+        first = await client.call_tool("launch_training", {"req": {"job_dir": "job2", "confirm": True}})
+        assert first.structured_content is not None and first.structured_content["status"] == "started"
+        run_id = first.structured_content["run_id"]
+        body = await until(client, run_id, lambda b: (b["iteration"] or 0) >= 12 or b["state"] != "running")
+        assert body["state"] == "running" and body["total"] == 30 and body["last_loss"] is not None
+        stopped = await client.call_tool("stop_job", {"req": {"run_id": run_id, "confirm": True}})
+        assert stopped.structured_content is not None and stopped.structured_content["state"] == "stopped"
+        assert int((run / "resume-ckpt" / "latest_checkpointed_iteration.txt").read_text()) >= 10
+
+        monkeypatch.delenv("MM_AGENT_TRAIN_TEST_DELAY")
+        again = await client.call_tool("launch_training", {"req": {"job_dir": "job2", "confirm": True}})
+        assert again.structured_content is not None
+        second = again.structured_content["run_id"]
+        final = await until(client, second, lambda b: b["state"] != "running")
+        assert final["state"] == "succeeded" and final["iteration"] == 30, final
+        log = await client.call_tool("tail_logs", {"req": {"run_id": second, "lines": 500}})
+        assert log.structured_content is not None
+        assert any("resuming from" in line for line in log.structured_content["lines"])
+    rows = [json.loads(line) for line in (run / "resume-ckpt" / "losses.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == list(range(1, 31))  # cut back to the checkpoint, then continued
