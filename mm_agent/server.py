@@ -1,8 +1,10 @@
-"""MCP server: a thin adapter from MCP tool calls to the typed core functions.
+"""MCP server: a thin adapter from MCP tool calls, resources and prompts to the typed core functions.
 
 Handlers only confine paths to the workspace, call the core function and turn `MMAgentError` into a
-`ToolError` the model can act on. This module must stay import-light: nothing here (or in what it
-imports) may pull in torch, diffusers, transformers or megatron; heavy work runs in subprocesses.
+`ToolError` the model can act on (resources: the SDK's resource errors; prompts: an invalid-params error).
+This module must stay import-light: nothing here (or in what it imports) may pull in torch, diffusers,
+transformers or megatron; heavy work runs in subprocesses. Resource and prompt logic lives in
+`mm_agent.resources` and `mm_agent.prompts`.
 """
 
 from __future__ import annotations
@@ -10,15 +12,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS, GetPromptResult, InputRequiredResult, Resource, ToolAnnotations
+from pydantic import Field
 
-from mm_agent import __version__
+from mm_agent import __version__, prompts, resources
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
 from mm_agent.convert import ConvertReport, ConvertRequest, convert_weights
 from mm_agent.diagnose import DiagnoseRequest, DiagnosisReport, diagnose_errors
@@ -61,6 +65,9 @@ as torchrun jobs (dry run first; confirm=true returns a run id at once). job_sta
 (conversion or job: state, iteration/loss/ETA, root cause when failed), tail_logs shows its log, stop_job
 stops it. When a run fails or looks wrong, diagnose_errors on its logs gives the one root cause with
 evidence and fixes; stop_process stops only processes mm-agent started.
+Prompts finetune_generative, finetune_vlm and recover_failed_run give the whole tool sequence for those
+workflows. Resources: mm-agent://models (catalog), mm-agent://models/{model_id} (entry + pipeline),
+mm-agent://jobs/{path} (text files of rendered jobs in the workspace), mm-agent://skills/{name} (skills).
 Paths are relative to the server's workspace."""
 
 READ_ONLY = ToolAnnotations(
@@ -79,10 +86,82 @@ def _call(fn: Callable[[], T]) -> T:
         raise ToolError(exc.render()) from exc
 
 
+def _read(fn: Callable[[], T]) -> T:
+    """Run a resource reader; unknown or refused URIs are the protocol's not-found error (-32602)."""
+    try:
+        return fn()
+    except resources.UnknownResource as exc:
+        raise ResourceNotFoundError(exc.render()) from exc
+    except MMAgentError as exc:
+        raise ResourceError(exc.render()) from exc
+
+
+def _prompt(fn: Callable[[], prompts.PromptText]) -> str:
+    """Render a prompt; bad arguments reach the client as an invalid-params error with the fix (the SDK
+    would otherwise replace any prompt exception by a generic 'Error rendering prompt')."""
+    try:
+        return fn().text
+    except MMAgentError as exc:
+        raise MCPError(INVALID_PARAMS, exc.render()) from exc
+
+
+class _Server(MCPServer):
+    """An MCPServer whose resources/list also names what exists now: the files of rendered jobs in the
+    workspace and the generated skills (the fixed resources and templates are registered as usual)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__("mm-agent", version=__version__, instructions=INSTRUCTIONS)
+        self.root = root
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> GetPromptResult | InputRequiredResult:
+        """The SDK answers an unknown prompt or a missing required argument with a bare internal error;
+        name what is wrong instead, as an invalid-params error."""
+        listed = {p.name: p for p in await self.list_prompts()}
+        if name not in listed:
+            raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}; prompts: {', '.join(sorted(listed))}")
+        given = arguments or {}
+        missing = [a.name for a in listed[name].arguments or [] if a.required and a.name not in given]
+        if missing:
+            raise MCPError(INVALID_PARAMS, f"prompt {name} needs the argument(s): {', '.join(missing)}")
+        return await super().get_prompt(name, arguments, context)
+
+    async def list_resources(self) -> list[Resource]:
+        fixed = await super().list_resources()
+        return fixed + await anyio.to_thread.run_sync(self._current_resources)
+
+    def _current_resources(self) -> list[Resource]:
+        jobs = [
+            Resource(
+                uri=ref.uri,
+                name=ref.path,
+                title="Rendered job file",
+                description="A text file of a job rendered by render_job in the workspace (read-only).",
+                mime_type="text/plain",
+                size=ref.bytes,
+            )
+            for ref in resources.list_job_files(self.root)
+        ]
+        skills = [
+            Resource(
+                uri=f"{resources.SCHEME}skills/{name}",
+                name=f"skill {name}",
+                title="Agent Skill",
+                description="A generated Agent Skill (SKILL.md): which mm-agent tool to call, in what order.",
+                mime_type="text/markdown",
+            )
+            for name in resources.list_skills()
+        ]
+        return jobs + skills
+
+
 def build_server(workspace: Path) -> MCPServer:
     """Create the server; every path argument is confined to `workspace`."""
     root = workspace.resolve()
-    mcp = MCPServer("mm-agent", version=__version__, instructions=INSTRUCTIONS)
+    mcp = _Server(root)
+    _add_resources(mcp, root)
+    _add_prompts(mcp, root)
 
     @mcp.tool(name="list_models", title="List MindSpeed-MM models", annotations=READ_ONLY)
     def list_models_tool(req: ListModelsRequest) -> ModelList:
@@ -257,6 +336,116 @@ def build_server(workspace: Path) -> MCPServer:
         return _call(lambda: stop_job(req.run_id, req.confirm, req.timeout_s))
 
     return mcp
+
+
+def _add_resources(mcp: MCPServer, root: Path) -> None:
+    @mcp.resource(
+        "mm-agent://models",
+        name="models",
+        title="MindSpeed-MM model catalog",
+        description="Every registry model (id, family, tasks, backends, sizes, converter, versions): what "
+        "list_models returns without filters.",
+        mime_type="application/json",
+    )
+    def models_resource() -> str:
+        return _read(lambda: resources.model_catalog().model_dump_json(indent=2))
+
+    @mcp.resource(
+        "mm-agent://models/{model_id}",
+        name="model",
+        title="One registry model with its pipeline",
+        description="The registry entry of a model (by its id from mm-agent://models) and the eight pipeline "
+        "stages for its default task and size, as route_model gives them.",
+        mime_type="application/json",
+    )
+    def model_resource(model_id: str) -> str:
+        return _read(lambda: resources.model_detail(model_id).model_dump_json(indent=2))
+
+    @mcp.resource(
+        "mm-agent://jobs/{+path}",
+        name="job_file",
+        title="A file of a rendered job",
+        description="A text file of a job directory rendered by render_job (a directory holding job.yaml), "
+        "by its workspace-relative path, e.g. mm-agent://jobs/jobs/wan21/pretrain.sh; the job directory "
+        "itself gives a JSON index of its files. Confined to the workspace; hidden, binary and files over "
+        f"{resources.MAX_FILE_BYTES // 1024} KiB are refused.",
+        mime_type="text/plain",
+    )
+    def job_file_resource(path: str) -> str:
+        return _read(lambda: resources.read_job_file(path, root).text)
+
+    @mcp.resource(
+        "mm-agent://skills/{name}",
+        name="skill",
+        title="A generated Agent Skill",
+        description="The SKILL.md of a skill built by `mm-agent skills build` (e.g. mindspeed-mm-pipeline).",
+        mime_type="text/markdown",
+    )
+    def skill_resource(name: str) -> str:
+        return _read(lambda: resources.read_skill(name))
+
+    @mcp.resource(
+        "mm-agent://skills/{name}/references/{file}",
+        name="skill_reference",
+        title="A reference file of a generated Agent Skill",
+        description="A file under references/ of a generated skill, as linked from its SKILL.md.",
+        mime_type="text/markdown",
+    )
+    def skill_reference_resource(name: str, file: str) -> str:
+        return _read(lambda: resources.read_skill(name, file))
+
+
+def _add_prompts(mcp: MCPServer, root: Path) -> None:
+    @mcp.prompt(
+        name="finetune_generative",
+        title="Fine-tune a generative (video/image) model",
+        description="The tool sequence from a request such as 'fine-tune Wan2.1 t2v on my videos' to a "
+        "followed training run: environment check, routing, install, conversion, render, validation, "
+        "feature extraction, launch, status and diagnosis.",
+    )
+    def finetune_generative(
+        request: Annotated[
+            str, Field(description="what the user wants, e.g. 'fine-tune Wan2.1 t2v on my videos'")
+        ],
+        dataset_dir: Annotated[
+            str, Field(description="the videos/images + captions folder, in the workspace")
+        ],
+        weights_dir: Annotated[
+            str | None, Field(description="downloaded HF weights folder, in the workspace (optional)")
+        ] = None,
+    ) -> str:
+        raw = {"request": request, "dataset_dir": dataset_dir, "weights_dir": weights_dir}
+        return _prompt(
+            lambda: prompts.finetune_generative(prompts.parse_args(prompts.FinetuneGenerativeArgs, raw), root)
+        )
+
+    @mcp.prompt(
+        name="finetune_vlm",
+        title="Fine-tune a vision-language model",
+        description="The tool sequence from a request such as 'fine-tune Qwen2.5-VL-3B on my image-text "
+        "data' to a validated job and a followed training run.",
+    )
+    def finetune_vlm(
+        request: Annotated[str, Field(description="what the user wants, e.g. 'fine-tune Qwen2.5-VL-3B'")],
+        dataset_file: Annotated[str, Field(description="the image-text dataset file, in the workspace")],
+    ) -> str:
+        raw = {"request": request, "dataset_file": dataset_file}
+        return _prompt(lambda: prompts.finetune_vlm(prompts.parse_args(prompts.FinetuneVlmArgs, raw), root))
+
+    @mcp.prompt(
+        name="recover_failed_run",
+        title="Recover a failed or crashed run",
+        description="The tool sequence from a failed run (its run id, or a log file/folder) to the root "
+        "cause, the fix and a relaunch that resumes from the last checkpoint. Pass exactly one argument.",
+    )
+    def recover_failed_run(
+        log_path: Annotated[
+            str | None, Field(description="log file or folder of the failed run, in the workspace")
+        ] = None,
+        run_id: Annotated[str | None, Field(description="the run id (from `mm-agent jobs`)")] = None,
+    ) -> str:
+        raw = {"log_path": log_path, "run_id": run_id}
+        return _prompt(lambda: prompts.recover_failed_run(prompts.parse_args(prompts.RecoverArgs, raw), root))
 
 
 def serve(workspace: Path, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765) -> None:

@@ -4,6 +4,7 @@ real in-process MCP client (paths in the workspace, raw text, refusal of paths o
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,35 @@ async def test_mcp_paths_text_and_confinement(tmp_path: Path) -> None:
         assert "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
         r = await client.call_tool("diagnose_errors", {"req": {}})
         assert r.is_error and "nothing to diagnose" in r.content[0].text  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_diagnose_a_run_by_id_over_mcp_and_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's log lives in mm-agent's state dir, outside the workspace: the run id makes it readable."""
+    from mm_agent.runs import RunStatusRequest, start_run, wait_run
+
+    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
+    line = (
+        "[PID: 2267203] 2025-11-21-11:38:29.575.404 Communication_Error_Bind_IP_Port(EI0019): Failed to enable "
+        "listening for the host network adapter socket.Reason: The IP address 192.168.1.100 and port 50001 "
+        "have already been bound."
+    )
+    info = start_run("test", [sys.executable, "-c", f"print({line!r})"], RunStatusRequest(run_id="x"))
+    wait_run(info.run_id, lambda status: None)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    async with Client(build_server(workspace), raise_exceptions=True) as client:
+        r = await client.call_tool("diagnose_errors", {"req": {"run_id": info.run_id}})
+        assert r.structured_content is not None
+        assert r.structured_content["root_cause"]["rule_id"] == "hccl_host_port_in_use"
+        unknown = await client.call_tool("diagnose_errors", {"req": {"run_id": "train-nope"}})
+        assert unknown.is_error and "no run 'train-nope'" in unknown.content[0].text  # type: ignore[union-attr]
+    done = subprocess.run(
+        [sys.executable, "-m", "mm_agent", "diagnose", "--run", info.run_id, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MM_AGENT_STATE_DIR": str(tmp_path / "state")},
+    )
+    assert (
+        done.returncode == 1 and json.loads(done.stdout)["root_cause"]["rule_id"] == "hccl_host_port_in_use"
+    )

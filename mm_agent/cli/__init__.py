@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from mm_agent import __version__
 from mm_agent.errors import MMAgentError
 
@@ -26,6 +28,7 @@ from . import (
     render,
     route,
     serve,
+    skills,
     stages,
     status,
     stop,
@@ -48,6 +51,7 @@ COMMANDS = (
     ps,
     stop,
     demo,
+    skills,
     serve,
 )
 
@@ -71,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except MMAgentError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # a request model refused an option value: same shape as MMAgentError
+        err = exc.errors()[0]
+        field = ".".join(str(part) for part in err["loc"]) or "input"
+        fix = f"see `mm-agent {getattr(args, 'command', '') or ''} --help`".replace("  ", " ")
+        print(f"error: {MMAgentError(err['msg'], field=field, fix=fix).render()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

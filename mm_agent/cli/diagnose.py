@@ -19,9 +19,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "diagnose",
         help="find the root cause in training logs (files, directories, .gz, - for stdin)",
-        epilog="examples: mm-agent diagnose logs/   |   mm-agent diagnose logs/ --follow --timeout 3600",
+        epilog="examples: mm-agent diagnose logs/   |   mm-agent diagnose logs/ --follow --timeout 3600   |   "
+        "mm-agent diagnose --run train-20261123-153938-6ee6ec",
     )
-    p.add_argument("paths", nargs="+", help="log files and/or directories (walked recursively); - = stdin")
+    p.add_argument("paths", nargs="*", help="log files and/or directories (walked recursively); - = stdin")
+    p.add_argument("--run", metavar="RUN", help="the log of a run mm-agent started (see mm-agent jobs)")
     p.add_argument(
         "--follow", action="store_true", help="keep reading growing logs; stop at the first fatal cause"
     )
@@ -32,7 +34,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    req = DiagnoseRequest(paths=args.paths, max_evidence=max(1, min(args.max_evidence, 100)))
+    req = DiagnoseRequest(paths=args.paths, run_id=args.run, max_evidence=max(1, min(args.max_evidence, 100)))
+    if args.follow and args.run:
+        raise MMAgentError(
+            "--follow reads paths", field="--run", fix="use `mm-agent logs RUN -f`, or pass the log path"
+        )
     if args.timeout is not None and not args.follow:
         raise MMAgentError("--timeout only applies with --follow", field="--timeout", fix="add --follow")
     if args.follow:

@@ -41,16 +41,32 @@ class DiagnoseRequest(BaseModel):
         description="log files and/or directories (walked recursively, .gz read too); on the CLI `-` is stdin",
     )
     text: str | None = Field(default=None, description="raw log text, for callers that hold the log itself")
+    run_id: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
+        description="a run mm-agent started (job_status / mm-agent jobs): its log in mm-agent's state dir",
+    )
     max_evidence: int = Field(default=5, ge=1, le=100, description="evidence lines kept per finding")
 
 
 def sources_of(req: DiagnoseRequest, root: Path | None) -> tuple[list[Source], list[str]]:
     """The request's inputs; at least one path or the text is required."""
-    if not req.paths and req.text is None:
+    if not req.paths and req.text is None and req.run_id is None:
         raise MMAgentError(
-            "nothing to diagnose", field="paths", fix="pass log files or directories, or the log text"
+            "nothing to diagnose",
+            field="paths",
+            fix="pass log files or directories, the log text, or the run id of a run mm-agent started",
         )
     sources, skipped = collect(req.paths, root.resolve() if root is not None else None)
+    if req.run_id is not None:
+        # The run's log lives in mm-agent's own state dir (outside any workspace): the run id, checked
+        # against the runs mm-agent recorded, is what makes it readable over MCP.
+        from mm_agent.runs import LOG, run_dir_for
+
+        log = run_dir_for(req.run_id) / LOG
+        if not log.is_file():
+            raise MMAgentError(f"run {req.run_id} has no log yet", file=str(log), fix="wait for it to start")
+        sources.append(Source(name=f"{req.run_id}/{LOG}", path=log))
     if req.text is not None:
         sources.append(Source(name="<text>", text=req.text.encode("utf-8", "replace")))
     return sources, skipped
