@@ -128,7 +128,7 @@ def build_tiny_wan(out: Path, config: TinyWanConfig | None = None, *, seed: int 
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
     )
     out.mkdir(parents=True, exist_ok=True)
-    pipe.save_pretrained(out, safe_serialization=True)
+    pipe.save_pretrained(out, safe_serialization=True)  # type: ignore[attr-defined]  # diffusers types miss it
     return out
 
 
