@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime.atomic import TEMP_MARK, fsync_dir, write_text_atomic
 from runtime.errors import RuntimeFailure
 
 TRACKER = "latest_checkpointed_iteration.txt"
 CKPT_NAME = "model_optim_rng.pt"
 CHECKPOINT_VERSION = 3.0
 LAYER_PREFIX = "blocks."
-TMP_TAG = ".tmp-"
 CONVERT_FIX = (
     "convert the diffusers weights first (`mm-agent convert WanConverter hf_to_mm --source <transformer dir> "
     "--target <dir> --yes`) and pass that dir, or the training --save dir to resume; omit --load to start "
@@ -149,24 +149,6 @@ def restore_rng(states: list[dict[str, Any]], rank: int, device_kind: str) -> No
         torch.npu.set_rng_state(device_state)  # type: ignore[attr-defined]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}{TMP_TAG}{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def iteration_dir(save_dir: Path, iteration: int) -> Path:
     return save_dir / f"iter_{iteration:07d}"
 
@@ -182,10 +164,10 @@ def save_checkpoint(
 ) -> Path:
     """Write one iteration (rank 0 only): temp dir → rename → tracker last. Returns the iteration dir."""
     save_dir.mkdir(parents=True, exist_ok=True)
-    for stale in save_dir.glob(f".iter_*{TMP_TAG}*"):
+    for stale in save_dir.glob(f".iter_*{TEMP_MARK}*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed run; never a valid checkpoint
     final = iteration_dir(save_dir, iteration)
-    tmp = save_dir / f".{final.name}{TMP_TAG}{os.getpid()}"
+    tmp = save_dir / f".{final.name}{TEMP_MARK}{os.getpid()}"
     rank_dir = tmp / "mp_rank_00"
     rank_dir.mkdir(parents=True)
     payload = {
@@ -201,16 +183,17 @@ def save_checkpoint(
         torch.save(payload, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    _fsync_dir(rank_dir)
+    fsync_dir(rank_dir)
     if final.exists():  # the same iteration saved again (a resumed run's final save): replace it whole
-        old = save_dir / f".{final.name}{TMP_TAG}old-{os.getpid()}"
+        old = save_dir / f".{final.name}{TEMP_MARK}old-{os.getpid()}"
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(save_dir)
+    fsync_dir(save_dir)
     write_text_atomic(save_dir / TRACKER, str(iteration))
+    fsync_dir(save_dir)
     return final
 
 

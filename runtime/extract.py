@@ -40,6 +40,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from runtime import dist  # noqa: E402
+from runtime.atomic import write_text_atomic  # noqa: E402
 from runtime.device import pick_device  # noqa: E402
 from runtime.encoders import TextEncoder, VideoEncoder, compute_dtype, dtype_of  # noqa: E402
 from runtime.errors import RuntimeFailure, run_main  # noqa: E402
@@ -49,7 +50,6 @@ from runtime.features import (  # noqa: E402
     is_done,
     remove_temp_files,
     write_feature,
-    write_text_atomic,
 )
 from runtime.mmconfig import load_json, require  # noqa: E402
 from runtime.mmdata import Sample, read_samples, whitespace_clean  # noqa: E402

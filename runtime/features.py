@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,11 +22,11 @@ from typing import Any
 
 import torch
 
+from runtime.atomic import TEMP_MARK, atomic_write_bytes
 from runtime.errors import RuntimeFailure
 from runtime.mmdata import Sample
 
 FEATURE_KEYS = ("video", "prompt_ids", "prompt_mask")
-TEMP_MARK = ".tmp"
 MAX_STEM = 120  # keeps names well under the 255-byte filename limit with the hash and suffix
 
 
@@ -43,25 +42,6 @@ def feature_names(samples: Sequence[Sample]) -> list[str]:
         digest = hashlib.sha1(f"{sample.dataset}\0{sample.rel}".encode()).hexdigest()[:10]
         names.append(f"{stem}-{digest}" + (f"-{repeat}" if repeat else ""))
     return names
-
-
-def atomic_write_bytes(path: Path, write: Any, *, durable: bool = True) -> None:
-    """Run `write(file_object)` on a hidden temp file beside `path`, fsync (if `durable`), rename onto `path`."""
-    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            write(handle)
-            handle.flush()
-            if durable:
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_text_atomic(path: Path, text: str, *, durable: bool = True) -> None:
-    atomic_write_bytes(path, lambda f: f.write(text.encode("utf-8")), durable=durable)
 
 
 def write_feature(path: Path, feature: dict[str, torch.Tensor]) -> None:

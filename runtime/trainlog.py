@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from runtime.atomic import atomic_write_bytes, write_text_atomic
 
 
 def iteration_line(
@@ -85,7 +86,8 @@ class TrainLog:
             return
         if self.jsonl is not None:
             self.history = _read_history(self.jsonl, start_iteration)
-            _write_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.history).encode())
+            self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.history), durable=False)
             self.rows = open(self.jsonl, "a", encoding="utf-8")  # noqa: SIM115  (closed in close())
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -173,13 +175,6 @@ def _read_history(path: Path, upto: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def plot_losses(history: list[dict[str, Any]], png: Path) -> None:
     """Loss per iteration (and a moving mean when there are enough points) as a PNG, written atomically."""
     import matplotlib
@@ -204,7 +199,5 @@ def plot_losses(history: list[dict[str, Any]], png: Path) -> None:
     ax.legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_name(f".{png.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png")
+    atomic_write_bytes(png, lambda f: fig.savefig(f, format="png"), durable=False)
     plt.close(fig)
-    os.replace(tmp, png)

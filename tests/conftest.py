@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from mm_agent.jobs import list_jobs, stop_job
+from mm_agent.runs import runs_dir
 
 
 @pytest.fixture
@@ -17,3 +21,17 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
         if child.poll() is None:
             child.kill()
         child.wait(timeout=10)
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Workspace (also the cwd) with a private state dir; runs a test left running are stopped (they are ours)."""
+    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
+    root = tmp_path / "ws"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    yield root
+    if runs_dir().is_dir():
+        for run in list_jobs().jobs:
+            if run.state == "running" or run.pids:
+                stop_job(run.run_id, confirm=True, timeout_s=2)

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -53,20 +52,6 @@ DEADLINE_S = 120.0  # guard against a hung wait; never reached when the code wor
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Workspace (also the cwd) with a private state dir; runs a test left running are stopped."""
-    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
-    root = tmp_path / "ws"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    yield root
-    if runs_dir().is_dir():
-        for run in list_jobs().jobs:
-            if run.state == "running" or run.pids:
-                stop_job(run.run_id, confirm=True, timeout_s=2)
 
 
 def free_port() -> int:

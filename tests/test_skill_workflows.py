@@ -17,7 +17,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ from mcp import Client
 
 from mm_agent.cli import build_parser
 from mm_agent.diagnose.catalog import get_catalog
-from mm_agent.jobs import list_jobs, stop_job
 from mm_agent.render import RenderRequest
 from mm_agent.render import render_job as render_core
 from mm_agent.runs import runs_dir
@@ -372,20 +371,6 @@ def mm_checkout(ws: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (bin_dir / "torchrun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return ws / "MindSpeed-MM"
-
-
-@pytest.fixture
-def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Workspace with a private state dir; runs a test left running are stopped (they are ours)."""
-    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
-    root = tmp_path / "ws"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    yield root
-    if runs_dir().is_dir():
-        for run in list_jobs().jobs:
-            if run.state == "running" or run.pids:
-                stop_job(run.run_id, confirm=True, timeout_s=2)
 
 
 # ---------------------------------------------------------------------------------------------------------
