@@ -37,11 +37,16 @@ def launch_lock(runs_dir: Path) -> Iterator[None]:
 
 
 def bindable(port: int) -> bool:
-    """Nothing listens on `port` on any address (IPv4, and IPv6 where the host has it)."""
+    """Nothing listens on `port` on any address (IPv4, and IPv6 where the host has it).
+
+    SO_REUSEADDR, as torch's TCPStore sets it: connections of a finished job left in TIME_WAIT do not stop
+    torchrun from binding, so they must not make the port look taken; a listener still does (Linux).
+    """
     families = [socket.AF_INET] + ([socket.AF_INET6] if socket.has_ipv6 else [])
     for family in families:
         try:
             with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
         except OSError as exc:
             if family == socket.AF_INET6 and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
