@@ -117,6 +117,8 @@ def load_checkpoint(load_dir: str) -> Loaded:
             loaded.optimizer = obj.get("optimizer")
             loaded.rng_state = obj.get("rng_state")
             loaded.consumed_samples = int(obj.get("consumed_samples", 0))
+    except RuntimeFailure:
+        raise  # already the runtime's own (a RuntimeFailure is also an MMAgentError)
     except MMAgentError as exc:
         raise _as_failure(exc, root) from exc
     return loaded

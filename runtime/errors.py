@@ -12,18 +12,14 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from mm_agent.errors import MMAgentError
 
-class RuntimeFailure(Exception):
-    """A failure caused by the user's input or environment, with where it is and how to fix it."""
 
-    def __init__(
-        self, message: str, *, file: str | None = None, field: str | None = None, fix: str | None = None
-    ) -> None:
-        self.message = message
-        self.file = file
-        self.field = field
-        self.fix = fix
-        super().__init__(self.render())
+class RuntimeFailure(MMAgentError):
+    """A failure caused by the user's input or environment, with where it is and how to fix it.
+
+    mm-agent's error with the runtime's line-per-part rendering (what `run_main` prints).
+    """
 
     def render(self) -> str:
         """The lines `run_main` prints: the message first, then only the parts that are known."""
