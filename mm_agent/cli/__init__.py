@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:  # a request model refused an option value: same shape as MMAgentError
         err = exc.errors()[0]
         field = ".".join(str(part) for part in err["loc"]) or "input"
-        fix = f"see `mm-agent {getattr(args, 'command', '') or ''} --help`".replace("  ", " ")
+        fix = f"see `mm-agent {args.command} --help`"
         print(f"error: {MMAgentError(err['msg'], field=field, fix=fix).render()}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

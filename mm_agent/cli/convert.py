@@ -21,7 +21,7 @@ from mm_agent.procs import StopRequest, stop_process
 from mm_agent.runs import RunStatus, RunStatusRequest, run_status, wait_run
 from mm_agent.units import human_bytes
 
-from .output import add_json_flag, console, print_json
+from .output import add_json_flag, console, option_error, print_json
 
 _LAYERS: TypeAdapter[list[int] | list[list[int]]] = TypeAdapter(list[int] | list[list[int]])
 
@@ -98,9 +98,7 @@ def _request(args: argparse.Namespace) -> ConvertRequest:
     try:
         return ConvertRequest(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = "--" + ".".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "arguments"
-        raise MMAgentError(err["msg"], field=where, fix="see `mm-agent convert --help`") from None
+        raise option_error(exc, "convert") from None
 
 
 def _layers(groups: list[list[int]]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from mm_agent.demo import STAGES, DemoReport, DemoRequest, StageEvent, run_demo
 
-from .output import add_json_flag, console, print_json
+from .output import add_json_flag, console, option_error, print_json
 
 _DEFAULTS = DemoRequest()
 
@@ -54,16 +54,12 @@ def add_parser(sub: Any) -> None:
 def _request(args: argparse.Namespace) -> DemoRequest:
     from pydantic import ValidationError
 
-    from mm_agent.errors import MMAgentError
-
     try:
         return DemoRequest(
             dir=args.dir, clips=args.clips, iters=args.iters, nproc=args.nproc, device=args.device
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        flag = "--" + ".".join(str(p) for p in err["loc"])
-        raise MMAgentError(err["msg"], field=flag, fix="see `mm-agent demo --help`") from None
+        raise option_error(exc, "demo") from None
 
 
 def print_summary(report: DemoReport) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from mm_agent.errors import MMAgentError
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -22,3 +24,10 @@ def console():  # type: ignore[no-untyped-def]
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=True)
+
+
+def option_error(exc: ValidationError, command: str) -> MMAgentError:
+    """A request model's refusal of an option value, named as the flag the user typed (`--max-height`)."""
+    err = exc.errors()[0]
+    flag = "--" + ".".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "arguments"
+    return MMAgentError(err["msg"], field=flag, fix=f"see `mm-agent {command} --help`")

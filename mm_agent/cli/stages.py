@@ -19,7 +19,7 @@ from mm_agent.jobs import StageLaunch, StageRequest, start_stage, stop_job, wait
 from mm_agent.jobs.schema import JobStatus, Stage
 
 from .jobs import progress_text, show_status
-from .output import add_json_flag, console, print_json
+from .output import add_json_flag, console, option_error, print_json
 
 _HELP: dict[Stage, str] = {
     "extract": "extract video/text features for a rendered job (torchrun; dry run unless --yes)",
@@ -77,9 +77,7 @@ def _request(args: argparse.Namespace) -> StageRequest:
             stop_grace_s=args.grace,
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = "--" + ".".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "arguments"
-        raise MMAgentError(err["msg"], field=where, fix=f"see `mm-agent {args.stage} --help`") from None
+        raise option_error(exc, args.stage) from None
 
 
 def print_launch(launch: StageLaunch) -> None:
