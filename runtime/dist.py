@@ -70,6 +70,12 @@ def init_distributed(device: Device, timeout_s: float = 1800.0) -> DistInfo:
     return info
 
 
+def log0(rank: int, line: str) -> None:
+    """Print on rank 0 only, flushed: the log lines the job manager and the diagnoser follow."""
+    if rank == 0:
+        print(line, flush=True)
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()

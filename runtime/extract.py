@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from runtime import dist  # noqa: E402
 from runtime.atomic import write_text_atomic  # noqa: E402
 from runtime.device import pick_device  # noqa: E402
+from runtime.dist import log0  # noqa: E402
 from runtime.encoders import TextEncoder, VideoEncoder, compute_dtype, dtype_of  # noqa: E402
 from runtime.errors import RuntimeFailure, run_main  # noqa: E402
 from runtime.features import (  # noqa: E402
@@ -224,11 +225,6 @@ def _check_text_methods(methods: Any, data_file: str) -> None:
             field="dataset_param.text_preprocess_methods",
             fix='use {"method": "whitespace_clean"} or set enable_text_preprocessing false',
         )
-
-
-def log0(rank: int, line: str) -> None:
-    if rank == 0:
-        print(line, flush=True)
 
 
 @dataclass

@@ -38,6 +38,7 @@ from runtime.dist import (  # noqa: E402
     destroy,
     env_ranks,
     init_distributed,
+    log0,
 )
 from runtime.errors import RuntimeFailure, run_main  # noqa: E402
 from runtime.flow import FlowConfig, FlowMatching  # noqa: E402
@@ -157,11 +158,6 @@ def micro_generator(seed: int, iteration: int, dp_rank: int, micro: int) -> torc
     """The generator for one micro batch's timestep and noise: a function of its place in training only."""
     mixed = np.random.SeedSequence([seed, iteration, dp_rank, micro]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(mixed))
-
-
-def log0(rank: int, line: str) -> None:
-    if rank == 0:
-        print(line, flush=True)
 
 
 @dataclass
