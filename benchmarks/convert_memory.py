@@ -394,6 +394,7 @@ class Result:
     best: Sample  # best warm run
     peak: int  # highest peak of all runs
     ok: bool
+    walls: list[float]  # every run's wall time, in run order (tools took turns)
 
 
 def measure(argv: list[str]) -> Sample:
@@ -479,7 +480,7 @@ def run_cases(cases: list[Case], work: Path, runs: int, tools: list[str]) -> lis
             got = samples[tool]
             ok = got[-1].rc == 0
             best = got[-1] if not ok else min(got[1:] or got, key=lambda x: x.wall)
-            results.append(Result(case.name, tool, best, max(x.peak for x in got), ok))
+            results.append(Result(case.name, tool, best, max(x.peak for x in got), ok, [x.wall for x in got]))
     return results
 
 
@@ -514,6 +515,16 @@ def report(results: list[Result], cases: list[Case], runs: int) -> None:
         if not r.ok:
             print(f"\n{r.case} {r.tool} failed:\n{r.best.tail}")
     mine = [r for r in results if r.tool == "mm-agent"]
+    paired = [(r, base[r.case]) for r in mine if r.ok and r.case in base]
+    if paired:
+        print("\nmm-agent / baseline wall time, run by run (the two ran back to back, so noise hits both):")
+        for r, b in paired:
+            ratios = [a / c for a, c in zip(r.walls, b.walls, strict=False)]
+            wins = sum(x <= 1 for x in ratios)
+            print(
+                f"  {r.case:<18} {' '.join(f'{x:.2f}' for x in ratios)}   "
+                f"(faster in {wins} of {len(ratios)} runs)"
+            )
     if mine:
         mem = all(r.ok and r.peak <= 0.25 * sizes[r.case] for r in mine)
         wall = all(r.ok and r.case in base and r.best.wall <= base[r.case].best.wall for r in mine)

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from mm_agent.convert.layout import CHECKPOINT_VERSION, LayerKeys, MMCheckpoint, Split
-from mm_agent.convert.tensors import Scratch, load_pt, own_storage, save_pt
+from mm_agent.convert.ptfile import save_pt
+from mm_agent.convert.tensors import Scratch, load_pt, own_storage
 from mm_agent.errors import MMAgentError
 
 _MODEL_KEY = re.compile(r"^model(\d+)$")

@@ -158,7 +158,8 @@ def _plan_hf_to_mm(req: ConvertRequest) -> NativeLayout:
 
 
 def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
-    from mm_agent.convert.tensors import SafetensorsFile, Scratch, save_pt
+    from mm_agent.convert.ptfile import save_pt
+    from mm_agent.convert.tensors import SafetensorsFile, Scratch
     from mm_agent.convert.vlm_io import build
 
     hp = _HFPlan(req)

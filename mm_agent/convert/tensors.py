@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import itertools
 import json
 import mmap
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -159,11 +161,93 @@ def own_storage(tensor: torch.Tensor, scratch: Scratch) -> torch.Tensor:
     return tensor if owns_storage(tensor) else scratch.copy(tensor)
 
 
-def save_pt(path: Path, obj: dict[str, Any]) -> int:
-    """`torch.save` one rank file; tensors are streamed from their (mapped) storages. Returns its size."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(obj, path)
-    return path.stat().st_size
+class FileMaps:
+    """Which file, at which offset, holds a tensor's bytes: a snapshot of this process's file mappings.
+
+    Source tensors are views of mapped files (safetensors, `.pt` loaded with mmap, `Scratch` files), so
+    writers can have the kernel copy file to file (`copy_into`) instead of reading the pages in and
+    writing them out again. A private mapping only counts while none of its pages were copied on write
+    (`Anonymous: 0 kB` in smaps): then memory and file agree byte for byte.
+    """
+
+    def __init__(self, maps: list[tuple[int, int, int, int, str]]):
+        self._maps = maps  # start, end, file offset, inode, path
+
+    @classmethod
+    def snapshot(cls) -> FileMaps:
+        maps: list[tuple[int, int, int, int, str]] = []
+        try:
+            with open("/proc/self/smaps", encoding="utf-8", errors="replace") as fh:
+                current: tuple[int, int, int, int, str] | None = None
+                for line in fh:
+                    head = line.split(maxsplit=5)
+                    if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                        start, end = (int(x, 16) for x in head[0].split("-"))
+                        path = head[5].rstrip("\n") if len(head) == 6 else ""
+                        usable = path.startswith("/") and not path.endswith("(deleted)") and head[4] != "0"
+                        current = (start, end, int(head[2], 16), int(head[4]), path) if usable else None
+                    elif head[0] == "Anonymous:" and current is not None:
+                        if head[1] == "0":
+                            maps.append(current)
+                        current = None
+        except OSError:  # no procfs: every tensor is written from memory
+            return cls([])
+        return cls(maps)
+
+    def locate(self, tensor: torch.Tensor) -> tuple[str, int, int] | None:
+        """(path, inode, file offset) of a contiguous tensor's bytes, if one mapping holds them all."""
+        ptr = tensor.data_ptr()
+        end = ptr + tensor.numel() * tensor.element_size()
+        for start, stop, offset, inode, path in self._maps:
+            if start <= ptr and end <= stop:
+                return path, inode, offset + ptr - start
+        return None
+
+
+# copy_file_range cannot serve these file pairs (another filesystem, an old kernel, a special file)
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.ETXTBSY}
+
+
+def copy_into(tensor: torch.Tensor, fd: int, offset: int, maps: FileMaps) -> None:
+    """Put a contiguous tensor's bytes at `offset` of the open file `fd`: copied by the kernel from the file
+    it is mapped from when there is one (no page passes through this process), else written from memory."""
+    nbytes = tensor.numel() * tensor.element_size()
+    where = maps.locate(tensor) if nbytes else None
+    if where is not None and _kernel_copy(where, fd, offset, nbytes):
+        return
+    view = _bytes_of(tensor)
+    done = 0
+    while done < nbytes:
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _kernel_copy(where: tuple[str, int, int], fd: int, offset: int, nbytes: int) -> bool:
+    path, inode, src_offset = where
+    try:
+        src = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    done = 0
+    try:
+        if os.fstat(src).st_ino != inode:  # replaced since it was mapped
+            return False
+        while done < nbytes:
+            step = os.copy_file_range(src, fd, nbytes - done, src_offset + done, offset + done)
+            if step == 0:
+                raise MMAgentError(f"{path} ended while copying from it", fix="re-run the conversion")
+            done += step
+        return True
+    except OSError as exc:
+        if exc.errno in _NO_KERNEL_COPY and done == 0:
+            return False
+        raise
+    finally:
+        os.close(src)
+
+
+def tensor_crc32(tensor: torch.Tensor) -> int:
+    """CRC-32 (zip's) of a contiguous tensor's bytes, read through its mapping."""
+    return zlib.crc32(_bytes_of(tensor))
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
@@ -184,6 +268,7 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metad
     """
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
+    starts = []
     for name, tensor in tensors:
         if tensor.dtype not in _NAMES:
             raise MMAgentError(f"{name}: dtype {tensor.dtype} has no safetensors name", fix="cast it first")
@@ -193,16 +278,19 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metad
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + nbytes],
         }
+        starts.append(offset)
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned, as safetensors writes it
     path.parent.mkdir(parents=True, exist_ok=True)
+    maps = FileMaps.snapshot()
     with path.open("wb") as fh:
         fh.write(len(raw).to_bytes(8, "little"))
         fh.write(raw)
-        for _, tensor in tensors:
-            fh.write(_bytes_of(tensor))
         fh.flush()
+        start = 8 + len(raw)
+        for (_, tensor), at in zip(tensors, starts, strict=True):
+            copy_into(tensor, fh.fileno(), start + at, maps)
         os.fsync(fh.fileno())
     return path.stat().st_size
 
