@@ -17,7 +17,13 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from mm_agent.convert import tensors as tensors_mod  # noqa: E402
 from mm_agent.convert.ptfile import save_pt  # noqa: E402
-from mm_agent.convert.tensors import FileMaps, SafetensorsFile, Scratch, write_safetensors  # noqa: E402
+from mm_agent.convert.tensors import (  # noqa: E402
+    FileMaps,
+    SafetensorsFile,
+    Scratch,
+    load_pt,
+    write_safetensors,
+)
 
 
 @pytest.fixture
@@ -100,6 +106,14 @@ def test_mapped_tensors_are_located_in_their_files(mapped: dict[str, Any], tmp_p
     scratch = maps.locate(t["scratch"])
     assert scratch is not None and Path(scratch[0]).parent == tmp_path / "scratch"
     assert maps.locate(t["memory"]) is None
+    # a rank file loaded with mmap (resplit, mm_to_hf sources): located at its record's bytes
+    torch.save({"model": {"w": t["memory"]}}, tmp_path / "r.pt")
+    loaded = load_pt(tmp_path / "r.pt")["model"]["w"]
+    where = FileMaps.snapshot().locate(loaded)
+    assert where is not None and Path(where[0]) == tmp_path / "r.pt"
+    with (tmp_path / "r.pt").open("rb") as fh:
+        fh.seek(where[2])
+        assert fh.read(loaded.nbytes) == t["memory"].numpy().tobytes()
 
 
 def test_copied_on_write_pages_are_written_from_memory(mapped: dict[str, Any], tmp_path: Path) -> None:
