@@ -10,7 +10,8 @@ a rank file are nearly all renamed source tensors that already sit in a file. So
    is mapped from, or a write from memory when it is not file-backed);
 3. each record's CRC-32 (zlib, ~5 GB/s) goes into its data descriptor and its central-directory entry.
 
-The result is the zip `torch.save` writes, byte for byte except the random serialization id: it loads with
+The result is the zip `torch.save` writes, byte for byte except `.data/serialization_id` (torch derives it
+from the CRC-32s it computed, zero for the skipped records): it loads with
 `torch.load` (mmap or not, with torch's computed storage offsets too) and passes `zipfile.testzip`. The
 record of each tensor is found by reading back the pickle torch wrote, not by assuming its key order;
 anything in it this module does not know (a tensor subclass, a future pickle form) makes it write with plain
@@ -92,8 +93,8 @@ def _rebuild(storage: _StorageRef, offset: int, size: tuple[int, ...], *_: Any) 
 def _pairs(mine: Any, read: Any, out: dict[str, torch.Tensor]) -> None:
     """Walk the object and its read-back pickle together: record key -> the tensor that owns it."""
     if isinstance(mine, torch.Tensor):
-        if type(mine) is not torch.Tensor or not isinstance(read, _TensorRef):
-            raise _Unknown(f"tensor of type {type(mine).__name__}")
+        if type(mine) is not torch.Tensor or not isinstance(read, _TensorRef) or not mine.is_contiguous():
+            raise _Unknown(f"{type(mine).__name__} that is not a plain contiguous tensor")
         if read.offset != 0 or read.size != tuple(mine.shape) or read.storage.numel != mine.numel():
             raise _Unknown(f"record {read.storage.key} does not own its tensor exactly")
         seen = out.setdefault(read.storage.key, mine)

@@ -211,6 +211,8 @@ _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, er
 def copy_into(tensor: torch.Tensor, fd: int, offset: int, maps: FileMaps) -> None:
     """Put a contiguous tensor's bytes at `offset` of the open file `fd`: copied by the kernel from the file
     it is mapped from when there is one (no page passes through this process), else written from memory."""
+    if not tensor.is_contiguous():
+        raise ValueError("only contiguous tensors can be streamed")
     nbytes = tensor.numel() * tensor.element_size()
     where = maps.locate(tensor) if nbytes else None
     if where is not None and _kernel_copy(where, fd, offset, nbytes):
