@@ -129,3 +129,17 @@ def test_console_script_entry_point(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["candidates"][0]["task"] == "i2v"
+
+
+def test_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """`mm-agent models --json | head -1`: the reader leaves early; no traceback, SIGPIPE's exit status."""
+    exe = Path(sys.executable).with_name("mm-agent")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "mm_agent"]
+    proc = subprocess.Popen(
+        [*cmd, "models", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has written anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err

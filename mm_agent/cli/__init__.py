@@ -7,6 +7,7 @@ where it is and the fix, and exits 2; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -72,7 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, so a reader that went away is seen by the handler below
+        return code
+    except BrokenPipeError:
+        # `mm-agent ... | head`: the reader closed the pipe. Stop quietly, as coreutils do on SIGPIPE, and point
+        # stdout at /dev/null so the interpreter's exit-time flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except MMAgentError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
