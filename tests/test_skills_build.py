@@ -14,7 +14,15 @@ import pytest
 from mm_agent.cli import main
 from mm_agent.errors import MMAgentError
 from mm_agent.registry import get_registry
-from mm_agent.skills.build import MARK, BuildRequest, build_skills, read_tree, skill_names, skills_dir
+from mm_agent.skills.build import (
+    MARK,
+    BuildRequest,
+    build_skills,
+    read_tree,
+    render_all,
+    skill_names,
+    skills_dir,
+)
 from mm_agent.skills.context import md_table, skill_context
 from mm_agent.skills.install import BACKUPS, InstallSkillsRequest, install_skills
 
@@ -302,3 +310,23 @@ def test_committed_skills_pass_the_reference_validator() -> None:
     for name in names:
         out = agentskills_validate(skills_dir() / name)
         assert out.returncode == 0, out.stderr
+
+
+def test_weight_prep_skill_names_what_convert_runs_natively() -> None:
+    """The native converter list comes from `mm_agent.convert.plan.NATIVE`: a new native method shows up
+    in the skill, and the skill never claims one the code lacks."""
+    from mm_agent.convert.plan import NATIVE
+    from mm_agent.skills.context import words
+
+    assert words(["a"]) == "a" and words(["a", "b"]) == "a and b" and words(["a", "b", "c"]) == "a, b and c"
+    templates = Path(__file__).resolve().parents[1] / "templates" / "skills"
+    ctx = skill_context()
+    text = render_all(templates, ctx)["mindspeed-mm-weight-prep"]["SKILL.md"]
+    for conv, methods in NATIVE.items():
+        assert f"{conv} {words(sorted(methods))}" in text
+    ctx["native"] = {"WanConverter": ["hf_to_mm"]}
+    changed = render_all(templates, ctx)["mindspeed-mm-weight-prep"]["SKILL.md"]
+    assert (
+        "WanConverter hf_to_mm." in changed
+        and "Qwen2_5_VLConverter" not in changed.split("Everything else")[0]
+    )

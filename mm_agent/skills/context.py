@@ -120,14 +120,24 @@ def helpers(registry: Registry) -> dict[str, Callable[..., Any]]:
         "md_table": md_table,
         "models_by_family": models_by_family,
         "models_for_version": models_for_version,
+        "words": words,
     }
 
 
+def words(items: Iterable[Any]) -> str:
+    """`a`, `a and b`, `a, b and c`: a list as a sentence reads it."""
+    parts = [str(i) for i in items]
+    return " and ".join(parts) if len(parts) < 3 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def skill_context() -> dict[str, Any]:
-    """The template context (contract K2): registry, default_version, workflows, tools, signatures, cli.
+    """The template context (contract K2): registry, default_version, workflows, tools, signatures, cli,
+    native.
 
     `cli` maps a tool name to the CLI command of its first workflow step (scenario order), the command an
-    assistant without MCP, or a person, types instead of the tool call."""
+    assistant without MCP, or a person, types instead of the tool call. `native` maps each converter that
+    `convert_weights` runs itself to its methods, so the skills cannot drift from `mm_agent.convert`."""
+    from mm_agent.convert.plan import NATIVE
     from mm_agent.skills.workflows import load_workflows
 
     registry = get_registry()
@@ -139,4 +149,5 @@ def skill_context() -> dict[str, Any]:
         "tools": list_tools(),
         "signatures": list_signatures(),
         "cli": workflows.cli_for_tools(),
+        "native": {conv: sorted(methods) for conv, methods in NATIVE.items()},
     }
