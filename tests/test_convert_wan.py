@@ -459,6 +459,35 @@ def test_killed_in_place_run_leaves_sources_and_no_tracker(
     assert not [p for p in work.iterdir() if TEMP_TAG in p.name]
 
 
+@pytest.mark.parametrize("in_place", [False, True])
+def test_everything_is_on_disk_before_it_is_published(
+    hf_models: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_place: bool
+) -> None:
+    """Each output file and folder is fsynced while it still sits in the temp dir, before the tracker
+    appears in the target: after a power cut a checkpoint that looks valid holds complete rank files."""
+    src = hf_models("t2v")
+    target = copy_of(src, tmp_path / "transformer") if in_place else tmp_path / "mm"
+    real_fsync = os.fsync
+    flushed: list[str] = []  # before the tracker is in the target
+    after: list[str] = []
+
+    def spy(fd: int) -> None:
+        (after if (target / TRACKER).exists() else flushed).append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    report = convert("hf_to_mm", target if in_place else src, target, pp_layers=[2, 2])
+    staged = [Path(p) for p in flushed if TEMP_TAG in p]
+    assert staged, flushed
+    temp = next(p for p in staged[0].parents if TEMP_TAG in p.name)
+    written = {TRACKER, MANIFEST, *(f.path for f in report.files)}
+    assert {p.relative_to(temp).as_posix() for p in staged if p.is_relative_to(temp)} >= written | {
+        "release",
+        "release/mp_rank_00_000",
+    }
+    assert after == [str(target if in_place else target.parent)]  # then the renames themselves
+
+
 # ---------------------------------------------------------------------------------------------------------
 # bad inputs: MMAgentError with the field and the fix
 

@@ -8,6 +8,7 @@ checkpoint, or `from_pretrained` a half-written export). Two modes:
   dir inside it, remove the old marker first, rename each entry into place, then the marker files last
   (`mm_agent_manifest.json`, then `latest_checkpointed_iteration.txt`). Source files are never opened for
   writing and never renamed.
+Everything staged is flushed to disk before it is renamed into place, so this holds after a power cut too.
 Temp dirs carry the writer's pid; the next run removes those whose process is gone.
 """
 
@@ -96,10 +97,12 @@ class Staging:
     def commit(self, last: list[str]) -> None:
         """Move the staged files into the target; `last` (top-level names) go last, in order."""
         shutil.rmtree(self.scratch_dir, ignore_errors=True)
+        fsync_tree(self.dir)
         if not self.in_place:
             if self.target.is_dir():
                 self.target.rmdir()  # empty (checked in __init__)
             os.rename(self.dir, self.target)
+            _fsync_dir(self.target.parent)
             self.committed = True
             return
         for name in last:  # the target must stop looking valid before anything in it changes
@@ -108,7 +111,30 @@ class Staging:
         for name in [*staged, *(n for n in last if (self.dir / n).exists())]:
             _replace(self.dir / name, self.target / name, self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
+        _fsync_dir(self.target)
         self.committed = True
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and folder under `root` to disk. Run before the rename that publishes them: the
+    rename only orders the names, and after a power cut (ext4 allocates lazily) a checkpoint whose tracker
+    made it to disk could otherwise hold empty or partial rank files."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _replace(src: Path, dst: Path, trash_dir: Path) -> None:

@@ -293,7 +293,6 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metad
         start = 8 + len(raw)
         for (_, tensor), at in zip(tensors, starts, strict=True):
             copy_into(tensor, fh.fileno(), start + at, maps)
-        os.fsync(fh.fileno())
     return path.stat().st_size
 
 
