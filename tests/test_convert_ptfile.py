@@ -112,19 +112,19 @@ def test_mapped_tensors_are_located_in_their_files(mapped: dict[str, Any], tmp_p
     maps = FileMaps.snapshot()
     found = maps.locate(t["big"])
     assert found is not None
-    path, inode, offset = found
-    assert Path(path) == tmp_path / "src.safetensors" and inode == os.stat(path).st_ino
+    path, offset = found
+    assert os.path.samefile(path, tmp_path / "src.safetensors")
     assert offset == reader.header.tensors["big"].start
     scratch = maps.locate(t["scratch"])
-    assert scratch is not None and Path(scratch[0]).parent == tmp_path / "scratch"
+    assert scratch is not None and Path(os.readlink(scratch[0])).parent == tmp_path / "scratch"
     assert maps.locate(t["memory"]) is None
     # a rank file loaded with mmap (resplit, mm_to_hf sources): located at its record's bytes
     torch.save({"model": {"w": t["memory"]}}, tmp_path / "r.pt")
     loaded = load_pt(tmp_path / "r.pt")["model"]["w"]
     where = FileMaps.snapshot().locate(loaded)
-    assert where is not None and Path(where[0]) == tmp_path / "r.pt"
+    assert where is not None and os.path.samefile(where[0], tmp_path / "r.pt")
     with (tmp_path / "r.pt").open("rb") as fh:
-        fh.seek(where[2])
+        fh.seek(where[1])
         assert fh.read(loaded.nbytes) == t["memory"].numpy().tobytes()
 
 
@@ -186,3 +186,17 @@ def test_non_contiguous_tensor_goes_through_torch_save(tmp_path: Path) -> None:
     save_pt(tmp_path / "r.pt", {"model": {"t": t}})
     back = torch.load(tmp_path / "r.pt", weights_only=True)["model"]["t"]
     assert torch.equal(back, t) and back.stride() == t.stride()
+
+
+def test_a_source_replaced_after_mapping_is_still_read_from_the_mapped_file(
+    mapped: dict[str, Any], tmp_path: Path
+) -> None:
+    """Someone re-downloads the source mid-conversion: the copy comes from the file that is mapped (the one
+    the tensors show), never from whatever now sits at its path."""
+    other = {k: torch.zeros_like(v) for k, v in mapped["source"].items()}
+    save_file(other, str(tmp_path / "new.safetensors"))
+    os.replace(tmp_path / "new.safetensors", tmp_path / "src.safetensors")
+    tensors = {k: mapped["tensors"][k] for k in mapped["source"]}
+    assert all(FileMaps.snapshot().locate(v) is not None for v in tensors.values())
+    save_pt(tmp_path / "r.pt", {"model": tensors})
+    _assert_same(torch.load(tmp_path / "r.pt", weights_only=True), {"model": mapped["source"]})

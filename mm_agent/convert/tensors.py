@@ -166,26 +166,27 @@ class FileMaps:
 
     Source tensors are views of mapped files (safetensors, `.pt` loaded with mmap, `Scratch` files), so
     writers can have the kernel copy file to file (`copy_into`) instead of reading the pages in and
-    writing them out again. A private mapping only counts while none of its pages were copied on write
-    (`Anonymous: 0 kB` in smaps): then memory and file agree byte for byte.
+    writing them out again. The file is opened through `/proc/self/map_files/`, i.e. the very file that is
+    mapped, even if its path was since replaced. A private mapping only counts while none of its pages were
+    copied on write (`Anonymous: 0 kB` in smaps): then memory and file agree byte for byte.
     """
 
-    def __init__(self, maps: list[tuple[int, int, int, int, str]]):
-        self._maps = maps  # start, end, file offset, inode, path
+    def __init__(self, maps: list[tuple[int, int, int, str]]):
+        self._maps = maps  # start, end, file offset, the map_files entry
 
     @classmethod
     def snapshot(cls) -> FileMaps:
-        maps: list[tuple[int, int, int, int, str]] = []
+        maps: list[tuple[int, int, int, str]] = []
         try:
             with open("/proc/self/smaps", encoding="utf-8", errors="replace") as fh:
-                current: tuple[int, int, int, int, str] | None = None
+                current: tuple[int, int, int, str] | None = None
                 for line in fh:
                     head = line.split(maxsplit=5)
                     if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
                         start, end = (int(x, 16) for x in head[0].split("-"))
-                        path = head[5].rstrip("\n") if len(head) == 6 else ""
-                        usable = path.startswith("/") and not path.endswith("(deleted)") and head[4] != "0"
-                        current = (start, end, int(head[2], 16), int(head[4]), path) if usable else None
+                        file_backed = head[4] != "0" and len(head) == 6 and head[5].startswith("/")
+                        entry = f"/proc/self/map_files/{head[0]}"
+                        current = (start, end, int(head[2], 16), entry) if file_backed else None
                     elif head[0] == "Anonymous:" and current is not None:
                         if head[1] == "0":
                             maps.append(current)
@@ -194,13 +195,14 @@ class FileMaps:
             return cls([])
         return cls(maps)
 
-    def locate(self, tensor: torch.Tensor) -> tuple[str, int, int] | None:
-        """(path, inode, file offset) of a contiguous tensor's bytes, if one mapping holds them all."""
+    def locate(self, tensor: torch.Tensor) -> tuple[str, int] | None:
+        """(openable path of the mapped file, file offset) of a contiguous tensor's bytes, if one mapping
+        holds them all."""
         ptr = tensor.data_ptr()
         end = ptr + tensor.numel() * tensor.element_size()
-        for start, stop, offset, inode, path in self._maps:
+        for start, stop, offset, entry in self._maps:
             if start <= ptr and end <= stop:
-                return path, inode, offset + ptr - start
+                return entry, offset + ptr - start
         return None
 
 
@@ -223,20 +225,22 @@ def copy_into(tensor: torch.Tensor, fd: int, offset: int, maps: FileMaps) -> Non
         done += os.pwrite(fd, view[done:], offset + done)
 
 
-def _kernel_copy(where: tuple[str, int, int], fd: int, offset: int, nbytes: int) -> bool:
-    path, inode, src_offset = where
+def _kernel_copy(where: tuple[str, int], fd: int, offset: int, nbytes: int) -> bool:
+    """False when the kernel cannot do it (map_files not openable here, copy_file_range refused)."""
+    entry, src_offset = where
     try:
-        src = os.open(path, os.O_RDONLY)
+        src = os.open(entry, os.O_RDONLY)
     except OSError:
         return False
     done = 0
     try:
-        if os.fstat(src).st_ino != inode:  # replaced since it was mapped
-            return False
         while done < nbytes:
             step = os.copy_file_range(src, fd, nbytes - done, src_offset + done, offset + done)
             if step == 0:
-                raise MMAgentError(f"{path} ended while copying from it", fix="re-run the conversion")
+                raise MMAgentError(
+                    f"{os.readlink(entry)} ended while copying from it (truncated by another process?)",
+                    fix="re-run the conversion",
+                )
             done += step
         return True
     except OSError as exc:
