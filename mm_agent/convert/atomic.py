@@ -97,12 +97,12 @@ class Staging:
     def commit(self, last: list[str]) -> None:
         """Move the staged files into the target; `last` (top-level names) go last, in order."""
         shutil.rmtree(self.scratch_dir, ignore_errors=True)
-        fsync_tree(self.dir)
+        _fsync_tree(self.dir)
         if not self.in_place:
             if self.target.is_dir():
                 self.target.rmdir()  # empty (checked in __init__)
             os.rename(self.dir, self.target)
-            _fsync_dir(self.target.parent)
+            _fsync(self.target.parent)
             self.committed = True
             return
         for name in last:  # the target must stop looking valid before anything in it changes
@@ -111,25 +111,22 @@ class Staging:
         for name in [*staged, *(n for n in last if (self.dir / n).exists())]:
             _replace(self.dir / name, self.target / name, self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
-        _fsync_dir(self.target)
+        _fsync(self.target)
         self.committed = True
 
 
-def fsync_tree(root: Path) -> None:
+def _fsync_tree(root: Path) -> None:
     """Flush every file and folder under `root` to disk. Run before the rename that publishes them: the
     rename only orders the names, and after a power cut (ext4 allocates lazily) a checkpoint whose tracker
     made it to disk could otherwise hold empty or partial rank files."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
+            _fsync(Path(dirpath, name))
+        _fsync(Path(dirpath))
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a folder (a folder's fsync makes the names in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -29,7 +29,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -145,7 +145,7 @@ class _Slot:
 
 def _slots(path: Path, obj: dict[str, Any]) -> list[_Slot] | None:
     """Where each non-empty tensor's record lies, checked against the pickle and the zip headers."""
-    with zipfile.ZipFile(path) as zf:
+    with path.open("rb") as fh, zipfile.ZipFile(fh) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         pkl = next((n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1), None)
         if pkl is None:
@@ -157,12 +157,11 @@ def _slots(path: Path, obj: dict[str, Any]) -> list[_Slot] | None:
             _pairs(obj, read, tensors)
         except (_Unknown, pickle.UnpicklingError):
             return None
-        central = _central_entries(path, zf.start_dir, len(infos))
-    records = {f"{archive}/data/{key}": tensor for key, tensor in tensors.items()}
-    if set(records) != {n for n in infos if n.startswith(f"{archive}/data/")}:
-        return None
-    slots = []
-    with path.open("rb") as fh:
+        records = {f"{archive}/data/{key}": tensor for key, tensor in tensors.items()}
+        if set(records) != {n for n in infos if n.startswith(f"{archive}/data/")}:
+            return None
+        central = _central_entries(fh, zf.start_dir, len(infos))
+        slots = []
         for name, tensor in records.items():
             nbytes = tensor.numel() * tensor.element_size()
             info = infos[name]
@@ -180,19 +179,18 @@ def _slots(path: Path, obj: dict[str, Any]) -> list[_Slot] | None:
     return slots
 
 
-def _central_entries(path: Path, start: int, count: int) -> dict[str, int]:
+def _central_entries(fh: BinaryIO, start: int, count: int) -> dict[str, int]:
     """File offset of each central-directory entry, by name (what `zipfile` reads but does not expose)."""
     out: dict[str, int] = {}
-    with path.open("rb") as fh:
-        fh.seek(start)
-        pos = start
-        for _ in range(count):
-            head = fh.read(46)
-            if head[:4] != _CENTRAL:
-                break
-            name_len, extra_len, comment_len = struct.unpack("<HHH", head[28:34])
-            name = fh.read(name_len).decode("utf-8")
-            fh.seek(extra_len + comment_len, os.SEEK_CUR)
-            out[name] = pos
-            pos += 46 + name_len + extra_len + comment_len
+    fh.seek(start)
+    pos = start
+    for _ in range(count):
+        head = fh.read(46)
+        if head[:4] != _CENTRAL:
+            break
+        name_len, extra_len, comment_len = struct.unpack("<HHH", head[28:34])
+        name = fh.read(name_len).decode("utf-8")
+        fh.seek(extra_len + comment_len, os.SEEK_CUR)
+        out[name] = pos
+        pos += 46 + name_len + extra_len + comment_len
     return out
