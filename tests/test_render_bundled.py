@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from mm_agent.cli import main
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import JobSpec, stage_scripts
+from mm_agent.paths import allowed_roots
 from mm_agent.pipeline import build_pipeline
 from mm_agent.registry import get_registry
 from mm_agent.render import RenderRequest, RenderResult, load_job_spec, render_job
@@ -172,7 +173,9 @@ def test_bundled_scripts_launch_the_runtime_with_exactly_its_flags(tmp_path: Pat
     job, _, files = _bundled(tmp_path, tiny)
     for script in ("pretrain.sh", "feature_extract/feature_extraction.sh", "inference.sh"):
         text = files[script]
-        assert f"PYTHON=${{PYTHON:-{sys.executable}}}" in text  # a path without specials needs no quotes
+        # The interpreter is a single-quoted assignment (a path without specials needs no quotes), used as a
+        # default the environment can override.
+        assert f'PYTHON_DEFAULT={sys.executable}\nPYTHON="${{PYTHON:-$PYTHON_DEFAULT}}"\n' in text
         assert "MASTER_PORT=${MASTER_PORT:-6000}" in text and 'cd "$JOB_DIR"' in text
         assert "tee" not in text and "MM_ROOT" not in text
     assert "NPUS_PER_NODE=${NPUS_PER_NODE:-2}" in files["pretrain.sh"]
@@ -266,7 +269,7 @@ def test_rerender_keeps_features_and_samples(tmp_path: Path, tiny: Path) -> None
     again = _bundled(tmp_path, tiny)[1]
     assert again.status == "unchanged"  # outputs written into the job don't make it a different job
 
-    with pytest.raises(MMAgentError, match="different files"):
+    with pytest.raises(MMAgentError, match="different job"):
         _bundled(tmp_path, tiny, train_iters=10)
     replaced = _bundled(tmp_path, tiny, train_iters=10, force=True)[1]
     assert replaced.status == "replaced" and replaced.kept_outputs == ["samples", "sora_features"]
@@ -409,12 +412,18 @@ def test_config_json_of_another_model_is_refused(tmp_path: Path) -> None:
     assert err.value.file == str(weights / "transformer" / "config.json")
 
 
-def test_weights_outside_the_workspace_are_not_read(tmp_path: Path) -> None:
+def test_weights_outside_the_workspace_are_refused_unless_allowed(tmp_path: Path) -> None:
+    """Over MCP a job may only name paths in the workspace, or in a root the server operator allowed;
+    weights there are read like any others."""
     weights = _hf_config(tmp_path / "outside")
     ws = tmp_path / "ws"
     ws.mkdir()
-    _, files = _render(ws / "job", root=ws, weights_dir=str(weights))
-    assert json.loads(files["pretrain_model.json"])["predictor"]["hidden_size"] == 1536  # the registry's 1.3b
+    with pytest.raises(MMAgentError) as err:
+        _render(ws / "job", root=ws, weights_dir=str(weights))
+    assert err.value.field == "weights_dir" and "--allow-root" in (err.value.fix or "")
+    with allowed_roots([weights]):
+        _, files = _render(ws / "job", root=ws, weights_dir=str(weights), load_path="ckpt")
+    assert json.loads(files["pretrain_model.json"])["predictor"]["hidden_size"] == 96  # 4 heads x 24
 
 
 def test_stock_job_keeps_stock_values(tmp_path: Path) -> None:

@@ -123,6 +123,19 @@ def test_bundled_runtime_launch_form() -> None:
     assert not train.has_unknown and not sample.has_unknown
 
 
+def test_a_default_inside_double_quotes_is_read_as_bash_reads_it() -> None:
+    """Inside `"${X:-word}"` single quotes are plain characters and `$(...)` runs: the old rendered
+    `MM_ROOT="${MM_ROOT:-'<path>'}"` ran a `$(...)` in the path while this reader saw a clean path. It now
+    sees the quotes (and an unknown value where a command would run); unquoted defaults keep their quotes."""
+    assert env_of("X=\"${X:-'/a b/c'}\"")["X"] == "'/a b/c'"
+    assert env_of("X=\"${X:-'/a/$(id)'}\"")["X"] is None
+    assert env_of('X="${X:-"/a b"}"')["X"] == "/a b"
+    assert env_of("Y=1\nX=\"${Y:+'k'}\"")["X"] == "'k'"
+    assert env_of("X=${X:-'/a b/$(id)'}")["X"] == "/a b/$(id)"
+    # the rendered form: a single-quoted assignment, then a default that names it
+    assert env_of('D=\'/a $(id) "b\'\nX="${X:-$D}"')["X"] == '/a $(id) "b'
+
+
 def test_statements_keep_start_lines() -> None:
     stmts = split_statements('A=1\nB="x\ny"\n\n# c\nrun a \\\n  b | tee log\n')
     assert [(s.line, s.text.split()[0]) for s in stmts] == [(1, "A=1"), (2, 'B="x'), (6, "run"), (7, "tee")]

@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from mm_agent.errors import MMAgentError
+from mm_agent.fields import MAX_ITEMS, NAME_CHARS, PathText
 from mm_agent.install.conflicts import Conflict, find_conflicts
 from mm_agent.install.schema import Arch, OsFamily
 from mm_agent.install.steps import EnvKind, Layout, PlanStep, build_steps, plan_context
@@ -24,9 +25,11 @@ from mm_agent.registry.schema import ModelEntry
 # Model ids, aliases and HF ids: letters (any script), digits, `._-/` and spaces; nothing a shell reads.
 MODEL_NAME = r"^[\w][\w./ -]{0,99}$"
 STEP_ID = r"^[a-z0-9][a-z0-9.-]{0,63}$"
-ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME)]
-StepId = Annotated[str, StringConstraints(pattern=STEP_ID)]
-PathText = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00-\x1f]+$")]
+ModelName = Annotated[str, StringConstraints(max_length=100, pattern=MODEL_NAME)]
+StepId = Annotated[str, StringConstraints(max_length=64, pattern=STEP_ID)]
+# A non-empty `PathText` (one line, no control character: the paths end up in install.sh). The length
+# check comes first so an empty path is reported as too short.
+InstallPath = Annotated[(str, StringConstraints(min_length=1), *PathText.__metadata__)]
 
 
 class InstallRequest(BaseModel):
@@ -37,6 +40,7 @@ class InstallRequest(BaseModel):
     model: ModelName = Field(description="registry model id or alias (see list_models)")
     mm_version: str | None = Field(
         default=None,
+        max_length=NAME_CHARS,
         pattern=r"^(master|\d+\.\d+\.\d+)$",
         description="MindSpeed-MM version; default: registry default",
     )
@@ -48,22 +52,25 @@ class InstallRequest(BaseModel):
         description="distro family for system packages (debian: apt-get, rhel: yum); default: this one",
     )
     env: EnvKind = Field(default="venv", description="environment kind to create")
-    env_path: PathText | None = Field(
+    env_path: InstallPath | None = Field(
         default=None, description="environment folder; default envs/<model>-<version>"
     )
-    mm_root: PathText = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout folder")
-    src_dir: PathText | None = Field(
+    mm_root: InstallPath = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout folder")
+    src_dir: InstallPath | None = Field(
         default=None, description="folder for Megatron-LM/decord checkouts; default: mm_root's parent"
     )
     python: str | None = Field(
         default=None,
+        max_length=5,
         pattern=r"^3\.\d{1,2}$",
         description="Python version; default: the version matrix's (3.10)",
     )
     also_models: list[ModelName] = Field(
         default_factory=list, max_length=20, description="other models meant to share this environment"
     )
-    steps: list[StepId] | None = Field(default=None, description="run only these step ids (default: all)")
+    steps: list[StepId] | None = Field(
+        default=None, max_length=MAX_ITEMS, description="run only these step ids (default: all)"
+    )
     confirm: bool = Field(default=False, description="execute the plan; false = dry run that only returns it")
 
 

@@ -99,18 +99,23 @@ class Expander:
         return " ".join(f for f in fields if f is not None)
 
     # ---- pieces ------------------------------------------------------------------------------------
-    def _dquote(self, raw: str, i: int) -> tuple[str | None, int]:
+    def _dquote(self, raw: str, i: int, *, nested: bool = False) -> tuple[str | None, int]:
+        """Expand double-quoted text from raw[i] to its closing quote. `nested`: the word of a `${X:-word}`
+        inside double quotes, which runs to the end of `raw`; there single quotes are plain characters and
+        `$(...)` still runs (`"${X:-'$(id)'}"` runs id), as bash reads it."""
         out: list[str] = []
         unknown = False
-        while i < len(raw) and raw[i] != '"':
+        while i < len(raw) and (nested or raw[i] != '"'):
             c = raw[i]
-            if c == "\\" and i + 1 < len(raw):
+            if c == '"':  # only when nested: a quote inside the word groups, it is not kept
+                i += 1
+            elif c == "\\" and i + 1 < len(raw):
                 nxt = raw[i + 1]
                 if nxt != "\n":
                     out.append(nxt if nxt in '$`"\\' else c + nxt)
                 i += 2
             elif c == "$":
-                value, i = self._dollar(raw, i)
+                value, i = self._dollar(raw, i, quoted=True)
                 if value is None:
                     unknown = True
                 else:
@@ -124,8 +129,9 @@ class Expander:
                 i += 1
         return (None if unknown else "".join(out)), i + 1
 
-    def _dollar(self, raw: str, i: int) -> tuple[str | None, int]:
-        """Expand the `$...` starting at raw[i]; return (value or None, index after it)."""
+    def _dollar(self, raw: str, i: int, *, quoted: bool = False) -> tuple[str | None, int]:
+        """Expand the `$...` starting at raw[i] (`quoted`: inside double quotes); return (value or None,
+        index after it)."""
         rest = raw[i + 1 :]
         if rest.startswith("(("):
             end = matching(raw, i + 1, "(", ")")
@@ -135,7 +141,7 @@ class Expander:
             return self.command(raw[i + 2 : end]), end + 1
         if rest.startswith("{"):
             end = matching(raw, i + 1, "{", "}")
-            return self._brace(raw[i + 2 : end]), end + 1
+            return self._brace(raw[i + 2 : end], quoted), end + 1
         m = _NAME.match(rest)
         if m:
             return self.lookup(m.group()), i + 1 + m.end()
@@ -150,7 +156,7 @@ class Expander:
             return self.script
         return self.env.get(name)
 
-    def _brace(self, body: str) -> str | None:
+    def _brace(self, body: str, quoted: bool) -> str | None:
         if body in ("BASH_SOURCE[0]", "0"):
             return self.script
         m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)(:?[-=+?])(.*)$", body, re.S)
@@ -162,18 +168,22 @@ class Expander:
                 return None
             is_set = known and (value != "" or not op.startswith(":"))
             if op.endswith("+"):
-                return self.text(default) if is_set else ""
+                return self._word_of(default, quoted) if is_set else ""
             if is_set:
                 return value
             if op.endswith("?"):
                 return None
-            expanded = self.text(default)
+            expanded = self._word_of(default, quoted)
             if op.endswith("="):
                 self.env[name] = expanded
             return expanded
         if _NAME.fullmatch(body):
             return self.lookup(body)
         return None
+
+    def _word_of(self, word: str, quoted: bool) -> str | None:
+        """The word of `${X:-word}`: inside double quotes it is read as double-quoted text."""
+        return self._dquote(word, 0, nested=True)[0] if quoted else self.text(word)
 
     def command(self, body: str) -> str | None:
         """Only the job-dir idiom is understood; every other command substitution is unknown."""
