@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
 from pydantic import BaseModel, Field
+
+from mm_agent.contained import Scope, run_contained
 
 _FIRST_ROW = re.compile(r"^(\d+)\s+(.*\S)$")
 _SECOND_ROW = re.compile(r"^(\d+)(?:\s+(\d+))?$")
@@ -115,19 +116,19 @@ def parse(text: str) -> NpuSmiInfo:
     return info
 
 
-def query(timeout_s: float = 2.5) -> NpuSmiInfo | None:
-    """`npu-smi info` parsed; None when npu-smi is not on PATH; `error` set when it fails or hangs."""
+def query(timeout_s: float = 2.5, scope: Scope | None = None) -> NpuSmiInfo | None:
+    """`npu-smi info` parsed; None when npu-smi is not on PATH; `error` set when it fails or hangs. It runs
+    contained (`mm_agent.contained`, in `scope` when given): a hung npu-smi is killed with anything it
+    started."""
     exe = shutil.which("npu-smi")
     if exe is None:
         return None
     try:
-        out = subprocess.run(
-            [exe, "info"], capture_output=True, text=True, timeout=timeout_s, errors="replace"
-        )
-    except subprocess.TimeoutExpired:
-        return NpuSmiInfo(error=f"`npu-smi info` did not answer within {timeout_s:g} s")
+        out = run_contained([exe, "info"], timeout_s=timeout_s, scope=scope)
     except OSError as exc:
         return NpuSmiInfo(error=f"cannot run {exe}: {exc}")
+    if out.timed_out:
+        return NpuSmiInfo(error=f"`npu-smi info` did not answer within {timeout_s:.1f} s")
     if out.returncode != 0:
         detail = (out.stderr or out.stdout).strip().splitlines()
         return NpuSmiInfo(

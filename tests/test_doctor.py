@@ -414,10 +414,21 @@ def test_git_pinned_overlay_and_mindspeed_commit(tmp_path: Path, monkeypatch: py
 
 
 def test_unusable_interpreter_is_a_fail_not_a_crash(tmp_path: Path) -> None:
-    results = run("python_version", "torch_version", "decord", python=str(tmp_path / "no" / "python"))
+    """A real interpreter whose environment is broken (its sitecustomize exits) fails the interpreter
+    checks with the fix; a path that is no interpreter at all is refused up front, naming the field."""
+    venv = tmp_path / "broken"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "sitecustomize.py").write_text("raise SystemExit('this environment is broken')\n")
+    results = run("python_version", "torch_version", "decord", python=str(venv / "bin" / "python"))
     for c in results.values():
         assert c.status == "fail" and "cannot inspect the training interpreter" in c.summary
+        assert "this environment is broken" in c.summary
         assert c.fix and "--python" in c.fix
+
+    with pytest.raises(MMAgentError, match="no such file or directory") as missing:
+        run("python_version", python=str(tmp_path / "no" / "python"))
+    assert missing.value.field == "python" and missing.value.fix and "bin/python" in missing.value.fix
 
 
 def test_rendered_job_master_port_workers_and_crlf(

@@ -63,7 +63,8 @@ def _machine(ctx: Context) -> MachineSummary:
 
 def check_environment(req: DoctorRequest, root: Path | None = None) -> DoctorReport:
     """Run the registered checks (all, or `req.checks`) concurrently. With `root` (the MCP workspace) the
-    job, mm_root and python paths must lie inside it."""
+    job and every path it names, mm_root and python's folder must lie inside it; `python` must be a
+    CPython executable (`interpreter.py`). Nothing a probe started is left running when this returns."""
     start = time.monotonic()
     if req.checks:
         unknown = [c for c in req.checks if c not in CHECKS]
@@ -75,12 +76,16 @@ def check_environment(req: DoctorRequest, root: Path | None = None) -> DoctorRep
             )
     selected = [CHECKS[c] for c in CHECKS if not req.checks or c in req.checks]
     ctx = Context.build(req, root)
-    results = run_checks(ctx, selected)
+    try:
+        results = run_checks(ctx, selected)
+        machine = _machine(ctx)
+    finally:
+        ctx.scope.close()  # a probe still running past the deadline dies now, with all it started
     counts = {s: sum(r.status == s for r in results) for s in ("ok", "warn", "fail", "skip")}
     return DoctorReport(
         ok=counts["fail"] == 0,
         counts=counts,
-        machine=_machine(ctx),
+        machine=machine,
         checks=results,
         duration_ms=round((time.monotonic() - start) * 1000),
     )

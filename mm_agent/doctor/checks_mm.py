@@ -11,9 +11,10 @@ from pathlib import Path
 
 from mm_agent.doctor.checks_python import probe_or_fail
 from mm_agent.doctor.context import Context
-from mm_agent.doctor.gitinfo import editable_dir, git_head
+from mm_agent.doctor.gitinfo import editable_dir, git_head, unread
 from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
 from mm_agent.install.schema import Repos, load_install_knowledge
+from mm_agent.paths import read_file
 
 
 def _repos(ctx: Context) -> Repos:
@@ -22,23 +23,25 @@ def _repos(ctx: Context) -> Repos:
 
 
 _PACKAGE_INFO = re.compile(r"^(MAJOR|MINOR|PATCH)\s*=\s*(\d+)", re.MULTILINE)
+_MAX_PACKAGE_INFO = 64 * 1024  # megatron/core/package_info.py is a few hundred bytes
 
 
 def _mm_root_or_fail(ctx: Context) -> Path | Outcome:
-    if ctx.mm_root is None:
+    root = ctx.checkout()
+    if root is None:
         return fail(
             "no MindSpeed-MM checkout found",
             f"pass --mm-root DIR (or export MM_ROOT=DIR); to get one: git clone {_repos(ctx).mindspeed_mm} && "
             f"cd MindSpeed-MM && git checkout v{ctx.version.id}",
             ["looked at --mm-root, the job's mm_root, $MM_ROOT, ./MindSpeed-MM and the current directory"],
         )
-    if not ctx.mm_root.is_dir():
+    if not root.is_dir():
         return fail(
-            f"MindSpeed-MM checkout {ctx.mm_root} does not exist (from {ctx.mm_root_source})",
-            f"git clone {_repos(ctx).mindspeed_mm} {ctx.mm_root} && git -C {ctx.mm_root} checkout v{ctx.version.id}, or point "
+            f"MindSpeed-MM checkout {root} does not exist (from {ctx.mm_root_source})",
+            f"git clone {_repos(ctx).mindspeed_mm} {root} && git -C {root} checkout v{ctx.version.id}, or point "
             "--mm-root/MM_ROOT at your checkout",
         )
-    return ctx.mm_root
+    return root
 
 
 @check("mm_checkout", "MindSpeed-MM checkout found")
@@ -53,7 +56,7 @@ def mm_checkout(ctx: Context) -> Outcome:
             "point --mm-root/MM_ROOT at the MindSpeed-MM repository root",
             evidence,
         )
-    commit, branch, tags = git_head(root)
+    commit, branch, tags = git_head(root, ctx.root)
     if commit:
         evidence.append(
             f"git HEAD {commit[:12]}"
@@ -103,7 +106,8 @@ def megatron_tree(ctx: Context) -> Outcome:
             f"{info} is missing: the megatron/ copy is incomplete",
             f"replace it: rm -rf {root}/megatron; {copy_fix}",
         )
-    parts = dict(_PACKAGE_INFO.findall(info.read_text(encoding="utf-8", errors="replace")))
+    text = read_file(info, ctx.root, field="mm_root", limit=_MAX_PACKAGE_INFO).decode("utf-8", "replace")
+    parts = dict(_PACKAGE_INFO.findall(text))
     have = ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
     evidence = [f"{info}: {have}", f"MM {ctx.version.id} pins Megatron {tag}"]
     if have != want:
@@ -147,11 +151,12 @@ def mindspeed(ctx: Context) -> Outcome:
         commit = vcs.get("commit_id")
         evidence.append(f"installed from {direct.get('url')} @ {commit}")
     elif src is not None:
-        commit, branch, _ = git_head(src)
+        commit, branch, _ = git_head(src, ctx.root)
         evidence.append(
             f"editable install from {src}"
             + (f", HEAD {commit[:12]}" if commit else "")
             + (f" ({branch})" if branch else "")
+            + unread(src, ctx.root)
         )
     if pinned:
         if commit is None:
@@ -179,12 +184,13 @@ def mindspeed(ctx: Context) -> Outcome:
 
 @check("megatron_path", "PYTHONPATH and the Megatron tree agree")
 def megatron_path(ctx: Context) -> Outcome:
-    if ctx.mm_root is None or not (ctx.mm_root / "megatron").is_dir():
+    root = ctx.checkout()
+    if root is None or not (root / "megatron").is_dir():
         return skip("no megatron/ in a MindSpeed-MM checkout to compare with (see megatron_tree)")
     env = probe_or_fail(ctx)
     if isinstance(env, Outcome):
         return env
-    expected = (ctx.mm_root / "megatron").resolve()
+    expected = (root / "megatron").resolve()
     evidence = [f"checkout's tree: {expected}"]
     pythonpath = [p for p in ctx.env.get("PYTHONPATH", "").split(os.pathsep) if p]
     shadows = [
@@ -208,7 +214,7 @@ def megatron_path(ctx: Context) -> Outcome:
         return warn(
             "tools run outside the checkout (mm-convert, feature extraction) import a different megatron",
             f"pip uninstall megatron-core (MindSpeed-MM uses its own {ctx.version.megatron} copy), or run tools "
-            f"from {ctx.mm_root}",
+            f"from {root}",
             evidence,
         )
     return ok("no other megatron shadows the checkout's", evidence)

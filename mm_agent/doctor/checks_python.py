@@ -132,7 +132,7 @@ def torch_npu_import(ctx: Context) -> Outcome:
     if "torch_npu" not in env.dists or "torch" not in env.dists:
         return skip("torch/torch_npu not installed (see torch_version)")
     try:
-        result = run_torch_npu_probe(ctx.python, env=ctx.env, timeout_s=ctx.remaining())
+        result = run_torch_npu_probe(ctx.python, env=ctx.env, timeout_s=ctx.remaining(), scope=ctx.scope)
     except ProbeError as exc:
         return warn(
             str(exc),
@@ -233,7 +233,7 @@ def model_deps(ctx: Context) -> Outcome:
         have = env.dists.get(req.name)
         if req.url:  # a git pin: compare the installed commit with the ref after the last "@"
             ref = req.url.rsplit("@", 1)[-1]
-            commit, how = installed_commit(env, req.name) if have else (None, "not installed")
+            commit, how = installed_commit(env, req.name, ctx.root) if have else (None, "not installed")
             evidence.append(
                 f"{spec}: {req.name} {have or '-'}, {how}" + (f" @ {commit[:12]}" if commit else "")
             )
@@ -245,7 +245,7 @@ def model_deps(ctx: Context) -> Outcome:
             bad.append(spec)
     for source in overlay.git_sources:
         name = canonicalize_name(source.name)
-        commit, how = installed_commit(env, name) if name in env.dists else (None, "not installed")
+        commit, how = installed_commit(env, name, ctx.root) if name in env.dists else (None, "not installed")
         evidence.append(
             f"{source.name} from {source.url} @ {source.ref}: {how}" + (f" @ {commit[:12]}" if commit else "")
         )

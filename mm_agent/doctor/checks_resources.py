@@ -100,11 +100,11 @@ def disk_space(ctx: Context) -> Outcome:
     if ctx.job is not None:
         if model:
             ckpt = model[0]
-            targets.append(("checkpoints (SAVE_PATH)", Path(ctx.job.save_path), ckpt, 3 * ckpt))
+            targets.append(("checkpoints (SAVE_PATH)", ctx.job_path("save_path"), ckpt, 3 * ckpt))
         else:
-            targets.append(("checkpoints (SAVE_PATH)", Path(ctx.job.save_path), GIB, NO_MODEL_MIN_FREE))
+            targets.append(("checkpoints (SAVE_PATH)", ctx.job_path("save_path"), GIB, NO_MODEL_MIN_FREE))
         if ctx.job.uses_features:
-            targets.append(("features", Path(ctx.job.feature_dir), GIB, FEATURES_MIN_FREE))
+            targets.append(("features", ctx.job_path("feature_dir"), GIB, FEATURES_MIN_FREE))
     else:
         ckpt = model[0] if model else 0.0
         targets.append(("workspace", ctx.base, max(GIB, ckpt), max(NO_MODEL_MIN_FREE, 3 * ckpt)))

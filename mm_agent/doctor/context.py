@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mm_agent import procs
+from mm_agent.contained import Scope
+from mm_agent.doctor.interpreter import check_interpreter, interpreter_path
 from mm_agent.doctor.models import DoctorRequest
 from mm_agent.doctor.probes import EnvProbe, ProbeError, run_env_probe
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import ResolvedJob, resolve_job
 from mm_agent.npu_smi import NpuSmiInfo, query
-from mm_agent.paths import confine
+from mm_agent.paths import confine, inside, where
 from mm_agent.registry import Registry, get_registry
 from mm_agent.registry.schema import ModelEntry, SizeSpec, TaskSpec, VersionInfo
 
@@ -73,6 +75,7 @@ class Context:
         self.version: VersionInfo
         self.mm_root: Path | None = None
         self.mm_root_source = ""
+        self.mm_root_from_env = False  # the operator's $MM_ROOT: trusted like the rest of the server's env
         self.python = sys.executable
         self.master_port = DEFAULT_MASTER_PORT
         self.master_port_source = "MindSpeed-MM script default"
@@ -84,13 +87,14 @@ class Context:
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._cache: dict[str, Any] = {}
+        self.scope = Scope()  # every probe subprocess of this run; closed when the run answers
 
     # ------------------------------------------------------------------------------------------------
     # building
 
-    def _path(self, value: str) -> Path:
+    def _path(self, value: str, field: str) -> Path:
         if self.root is not None:
-            return confine(value, self.root)
+            return confine(value, self.root, field)
         path = Path(value).expanduser()
         return (path if path.is_absolute() else self.base / path).resolve()
 
@@ -103,7 +107,7 @@ class Context:
         ctx = cls(req, reg, base, root.resolve() if root else None)
         spec = None
         if req.job:
-            ctx.job_dir = ctx._path(req.job)
+            ctx.job_dir = ctx._path(req.job, "job")
             job_file = ctx.job_dir / JOB_FILE
             if not job_file.is_file():
                 raise MMAgentError(
@@ -111,12 +115,14 @@ class Context:
                     field="job",
                     fix="pass the directory `mm-agent render --out` wrote",
                 )
-            spec = load_job_spec(job_file)
+            spec = load_job_spec(job_file, ctx.root)
             if req.model and req.model != spec.model:
                 spec = spec.model_copy(update={"model": req.model})
             if req.mm_version:
                 spec = spec.model_copy(update={"mm_version": req.mm_version})
-            ctx.job = resolve_job(spec, ctx.job_dir, base=base, registry=reg)
+            # With a workspace, every path of the job (mm_root, save_path, ...) must lie inside it: a job
+            # rendered earlier with an outside mm_root is refused here, never probed.
+            ctx.job = resolve_job(spec, ctx.job_dir, base=base, registry=reg, root=ctx.root)
             ctx.model, ctx.task, ctx.version = ctx.job.entry, ctx.job.task, ctx.job.version
             ctx.size = ctx.job.size
             ctx.npus_per_node, ctx.nnodes, ctx.tp = ctx.job.npus_per_node, ctx.job.nnodes, ctx.job.tp
@@ -130,7 +136,9 @@ class Context:
         ctx._resolve_mm_root()
         ctx._resolve_master_port(spec.master_port if spec else None)
         if req.python:
-            ctx.python = str(ctx._path(req.python))
+            python = interpreter_path(req.python, ctx.root, base)
+            check_interpreter(python)  # a script, shell or other program is refused, never run
+            ctx.python = str(python)
         return ctx
 
     def _resolve_model(self, model: str, task: str | None, size: str | None) -> None:
@@ -168,7 +176,7 @@ class Context:
     def _resolve_mm_root(self) -> None:
         env_root = self.env.get("MM_ROOT")
         if self.req.mm_root:
-            self.mm_root, self.mm_root_source = self._path(self.req.mm_root), "--mm-root"
+            self.mm_root, self.mm_root_source = self._path(self.req.mm_root, "mm_root"), "--mm-root"
         elif self.job is not None:
             # The rendered scripts run `cd "${MM_ROOT:-<job mm_root>}"`: mirror that.
             if env_root:
@@ -176,10 +184,12 @@ class Context:
                     Path(env_root).expanduser(),
                     "$MM_ROOT (overrides the job's)",
                 )
+                self.mm_root_from_env = True
             else:
                 self.mm_root, self.mm_root_source = Path(self.job.mm_root), "job.yaml mm_root"
         elif env_root:
             self.mm_root, self.mm_root_source = Path(env_root).expanduser(), "$MM_ROOT"
+            self.mm_root_from_env = True
         elif (self.base / "MindSpeed-MM").is_dir():
             self.mm_root, self.mm_root_source = self.base / "MindSpeed-MM", "./MindSpeed-MM"
         elif (self.base / "mindspeed_mm").is_dir():
@@ -193,6 +203,34 @@ class Context:
             self.master_port, self.master_port_source = job_port, "job.yaml master_port"
         elif env_port.isdigit() and 0 < int(env_port) < 65536:
             self.master_port, self.master_port_source = int(env_port), "$MASTER_PORT"
+
+    # ------------------------------------------------------------------------------------------------
+    # paths at use
+
+    def at_use(self, path: Path, field: str) -> Path:
+        """A path taken from the request or the job, checked again where a check uses it: with a workspace
+        it must still lie inside it (a folder swapped for a symlink since the job was resolved is caught
+        here). The refusal becomes that check's `fail`, with the fix."""
+        if self.root is not None and not inside(path, self.root):
+            raise MMAgentError(
+                f"{field} {path} lies outside {where(self.root)}; the doctor does not look there",
+                field=field,
+                fix="put it inside the workspace and re-render the job (the server operator can allow "
+                "another root with `mm-agent serve --allow-root DIR`)",
+            )
+        return path
+
+    def checkout(self) -> Path | None:
+        """The MindSpeed-MM checkout to inspect, confined at use; only the operator's own $MM_ROOT is taken
+        as it is (a ./MindSpeed-MM in the workspace may be a symlink leading anywhere)."""
+        if self.mm_root is None or self.mm_root_from_env:
+            return self.mm_root
+        return self.at_use(self.mm_root, "mm_root")
+
+    def job_path(self, attr: str) -> Path:
+        """A path of the rendered job (save_path, feature_dir, ...), confined at use."""
+        assert self.job is not None
+        return self.at_use(Path(getattr(self.job, attr)), attr)
 
     # ------------------------------------------------------------------------------------------------
     # shared probes
@@ -244,12 +282,15 @@ class Context:
             "modules": list(PROBED_MODULES),
         }
         return self._once(
-            "pyenv", lambda: run_env_probe(self.python, request, env=self.env, timeout_s=self.remaining())
+            "pyenv",
+            lambda: run_env_probe(
+                self.python, request, env=self.env, timeout_s=self.remaining(), scope=self.scope
+            ),
         )
 
     def npu(self) -> NpuSmiInfo | None:
         """`npu-smi info` parsed; None when npu-smi is not installed."""
-        return self._once("npu", lambda: query(timeout_s=self.remaining()))
+        return self._once("npu", lambda: query(timeout_s=self.remaining(), scope=self.scope))
 
     def listeners(self) -> dict[int, set[int | None]]:
         return self._once("listeners", procs.listening_ports)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from mm_agent.fields import MAX_ITEMS, Name, PathText
 
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUS_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
@@ -13,26 +15,32 @@ STATUS_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
 class DoctorRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = Field(default=None, description="registry model id: enables its deps/RAM/disk checks")
-    task: str | None = Field(default=None, description="task id (t2v, sft, ...) used with model")
-    size: str | None = Field(default=None, description="model size id (1.3b, 14b, ...); default: the first")
-    mm_version: str | None = Field(
+    model: Name | None = Field(
+        default=None, description="registry model id: enables its deps/RAM/disk checks"
+    )
+    task: Name | None = Field(default=None, description="task id (t2v, sft, ...) used with model")
+    size: Name | None = Field(default=None, description="model size id (1.3b, 14b, ...); default: the first")
+    mm_version: Name | None = Field(
         default=None, description="MindSpeed-MM version (default: registry default)"
     )
-    mm_root: str | None = Field(
+    mm_root: PathText | None = Field(
         default=None, description="MindSpeed-MM checkout (default: job, $MM_ROOT, ./MindSpeed-MM, cwd)"
     )
-    job: str | None = Field(
+    job: PathText | None = Field(
         default=None, description="rendered job directory: its job.yaml sets model/version/ports/workers"
     )
     master_port: int | None = Field(
         default=None, ge=1, le=65535, description="default: job, $MASTER_PORT, 6000"
     )
-    python: str | None = Field(
+    python: PathText | None = Field(
         default=None,
-        description="interpreter of the training environment (default: the one running mm-agent)",
+        description="interpreter of the training environment (default: the one running mm-agent): a CPython "
+        "3.8+ executable whose folder lies in the workspace, e.g. <venv>/bin/python; checked by its ELF "
+        "identity (never a script) before any probe runs it",
     )
-    checks: list[str] | None = Field(default=None, description="run only these check ids")
+    checks: Annotated[list[Name], Field(max_length=MAX_ITEMS)] | None = Field(
+        default=None, description="run only these check ids"
+    )
     timeout_s: float = Field(default=2.5, gt=0, le=60, description="time limit of each probe and check")
 
 

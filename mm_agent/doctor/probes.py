@@ -1,18 +1,22 @@
 """Probes shared by several checks: the checked interpreter's packages, the torch_npu import, and the
-CANN/driver install files. Anything that could import torch runs in a subprocess with a timeout, so doctor
-stays fast and cannot be taken down by a broken NPU stack.
+CANN/driver install files. Anything that could import torch runs in a contained subprocess with a timeout
+(`mm_agent.contained`), so doctor stays fast, cannot be taken down by a broken NPU stack, and leaves
+nothing running behind it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from mm_agent.contained import Finished, Scope, run_contained
+from mm_agent.doctor.interpreter import open_interpreter
+from mm_agent.errors import MMAgentError
 
 ENVPROBE = Path(__file__).with_name("envprobe.py")
 
@@ -39,18 +43,39 @@ class ProbeError(Exception):
     """A probe could not run or did not answer; the message says which and why."""
 
 
-def run_env_probe(
-    python: str, request: Mapping[str, list[str]], *, env: Mapping[str, str], timeout_s: float
-) -> EnvProbe:
-    argv = [python, str(ENVPROBE), json.dumps(dict(request))]
+def run_interpreter(
+    python: str, args: list[str], *, env: Mapping[str, str], timeout_s: float, what: str, scope: Scope
+) -> Finished:
+    """Run the checked interpreter `python` with `args`: the descriptor checked by `open_interpreter` is
+    what executes, in a contained process group (nothing it starts outlives the call)."""
     try:
-        out = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, env=dict(env), cwd=os.path.sep
-        )
-    except subprocess.TimeoutExpired:
-        raise ProbeError(f"{python} did not answer the package probe within {timeout_s:g} s") from None
+        fd = open_interpreter(Path(python))
+    except MMAgentError as exc:
+        raise ProbeError(f"{python}: {exc.message}") from None
+    try:
+        done = run_contained([python, *args], timeout_s=timeout_s, env=env, exec_fd=fd, scope=scope)
     except OSError as exc:
         raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if done.timed_out:
+        raise ProbeError(
+            f"{python} did not finish {what} within {timeout_s:.1f} s (stopped, with all it started)"
+        )
+    return done
+
+
+def run_env_probe(
+    python: str, request: Mapping[str, list[str]], *, env: Mapping[str, str], timeout_s: float, scope: Scope
+) -> EnvProbe:
+    out = run_interpreter(
+        python,
+        [str(ENVPROBE), json.dumps(dict(request))],
+        env=env,
+        timeout_s=timeout_s,
+        what="the package probe",
+        scope=scope,
+    )
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise ProbeError(f"{python} failed the package probe (exit {out.returncode}): {tail}")
@@ -80,21 +105,18 @@ print(json.dumps(out))
 """
 
 
-def run_torch_npu_probe(python: str, *, env: Mapping[str, str], timeout_s: float) -> dict[str, Any]:
+def run_torch_npu_probe(
+    python: str, *, env: Mapping[str, str], timeout_s: float, scope: Scope
+) -> dict[str, Any]:
     """Import torch (backend autoload off, as on a CPU-only box) and torch_npu in a child process."""
-    try:
-        out = subprocess.run(
-            [python, "-c", TORCH_NPU_PROBE],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-            cwd=os.path.sep,
-        )
-    except subprocess.TimeoutExpired:
-        raise ProbeError(f"`import torch, torch_npu` did not finish within {timeout_s:g} s") from None
-    except OSError as exc:
-        raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
+    out = run_interpreter(
+        python,
+        ["-c", TORCH_NPU_PROBE],
+        env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        timeout_s=timeout_s,
+        what="`import torch, torch_npu`",
+        scope=scope,
+    )
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]

@@ -3,7 +3,8 @@
 A check is one function `fn(ctx) -> Outcome` registered with `@check(id, title)`; adding a check is adding
 one function to one of the `checks_*.py` modules. The runner gives each check its own daemon thread (a
 check stuck on a hung filesystem cannot block the exit), waits until the run's deadline, and turns a check
-that raised into a `fail` naming the check, so doctor itself never crashes.
+that raised into a `fail` naming the check, so doctor itself never crashes: a refusal (`MMAgentError`,
+e.g. a job path outside the workspace) with its own fix, anything else as a bug in that check.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.models import CheckResult, Status
+from mm_agent.errors import MMAgentError
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ def _run_one(chk: Check, ctx: Context, results: dict[str, CheckResult]) -> None:
     start = time.monotonic()
     try:
         out = chk.fn(ctx)
+    except MMAgentError as exc:  # a refusal (a path outside the workspace, a FIFO): the setup's, with its fix
+        where = ": ".join(p for p in (exc.file, exc.field) if p)
+        out = Outcome("fail", f"{where}: {exc.message}" if where else exc.message, [], exc.fix)
     except Exception as exc:
         out = Outcome(
             "fail",
