@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mm_agent.fields import Name
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import Backend, Family
 
@@ -12,9 +13,9 @@ class ListModelsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     family: Family | None = Field(default=None, description="vlm, generative, omni, audio or post-training")
-    task: str | None = Field(default=None, description="only models with this task, e.g. t2v, sft, dpo")
+    task: Name | None = Field(default=None, description="only models with this task, e.g. t2v, sft, dpo")
     backend: Backend | None = Field(default=None, description="only models with a task on this backend")
-    mm_version: str | None = Field(
+    mm_version: Name | None = Field(
         default=None, description="mark availability for this MindSpeed-MM version"
     )
     include_unavailable: bool = Field(default=True, description="also list models absent from mm_version")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mm_agent.errors import MMAgentError
+from mm_agent.fields import Name, PathText
+from mm_agent.paths import inside, resolve, where
 from mm_agent.registry import Registry, get_registry
 from mm_agent.registry.schema import Backend, ModelEntry, SizeSpec, TaskId, TaskSpec, VersionInfo
 from mm_agent.wan_weights import WanWeights, read_wan_weights
@@ -31,46 +33,58 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="registry id, e.g. wan2.1, qwen2.5vl")
+    model: Name = Field(description="registry id, e.g. wan2.1, qwen2.5vl")
     task: TaskId = Field(description="t2v, i2v, sft, ...")
     backend: Backend | None = Field(default=None, description="pick among the model's backends for the task")
-    size: str | None = Field(default=None, description="model size id, e.g. 1.3b, 14b, 3b (default: first)")
-    mm_version: str | None = Field(
+    size: Name | None = Field(default=None, description="model size id, e.g. 1.3b, 14b, 3b (default: first)")
+    mm_version: Name | None = Field(
         default=None, description="MindSpeed-MM version (default: registry default)"
     )
-    mm_root: str = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout the scripts cd into")
-    weights_dir: str | None = Field(default=None, description="downloaded HF weights directory")
-    load_path: str | None = Field(default=None, description="converted checkpoint dir (LOAD_PATH)")
-    dataset_dir: str = Field(default="dataset", description="raw dataset root")
-    dataset_file: str | None = Field(default=None, description="dataset index (data.json / MLLM json)")
-    save_path: str = Field(default="checkpoints", description="where training saves checkpoints")
-    feature_dir: str | None = Field(default=None, description="feature-extraction output (sora_features)")
+    mm_root: PathText = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout the scripts cd into")
+    weights_dir: PathText | None = Field(default=None, description="downloaded HF weights directory")
+    load_path: PathText | None = Field(default=None, description="converted checkpoint dir (LOAD_PATH)")
+    dataset_dir: PathText = Field(default="dataset", description="raw dataset root")
+    dataset_file: PathText | None = Field(default=None, description="dataset index (data.json / MLLM json)")
+    save_path: PathText | None = Field(
+        default=None, description="where training saves checkpoints (default: <job dir>/checkpoints)"
+    )
+    feature_dir: PathText | None = Field(
+        default=None, description="feature-extraction output (sora_features)"
+    )
     npus_per_node: int | None = Field(default=None, ge=1, le=16)
     nnodes: int | None = Field(default=None, ge=1, le=1024)
-    node_rank: int = Field(default=0, ge=0)
-    master_addr: str = Field(default="localhost", pattern=r"^[A-Za-z0-9_.:-]+$")
+    node_rank: int = Field(default=0, ge=0, le=1023)
+    master_addr: str = Field(default="localhost", max_length=253, pattern=r"^[A-Za-z0-9_.:-]+$")
     master_port: int = Field(default=6000, ge=1024, le=65535)
-    tp: int | None = Field(default=None, ge=1)
-    pp: int | None = Field(default=None, ge=1)
-    vpp: int | None = Field(default=None, ge=1)
-    cp: int | None = Field(default=None, ge=1)
-    mbs: int | None = Field(default=None, ge=1)
-    gbs: int | None = Field(default=None, ge=1)
-    grad_acc: int | None = Field(default=None, ge=1)
-    pipeline_num_layers: list[int] | None = Field(default=None, description="layers per PP stage")
-    train_iters: int = Field(default=5000, ge=1)
-    lr: float = Field(default=1e-5, gt=0)
+    tp: int | None = Field(default=None, ge=1, le=1024)
+    pp: int | None = Field(default=None, ge=1, le=1024)
+    vpp: int | None = Field(default=None, ge=1, le=1024)
+    cp: int | None = Field(default=None, ge=1, le=1024)
+    mbs: int | None = Field(default=None, ge=1, le=1_000_000)
+    gbs: int | None = Field(default=None, ge=1, le=100_000_000)
+    grad_acc: int | None = Field(default=None, ge=1, le=1_000_000)
+    pipeline_num_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
+        default=None, max_length=1024, description="layers per PP stage"
+    )
+    train_iters: int = Field(default=5000, ge=1, le=1_000_000_000)
+    lr: float = Field(default=1e-5, gt=0, le=10, allow_inf_nan=False)
     recompute: bool = True
     num_workers: int = Field(default=8, ge=0, le=64)
-    save_interval: int = Field(default=10000, ge=1)
+    save_interval: int = Field(default=10000, ge=1, le=1_000_000_000)
     runtime: Runtime = Field(
         default="mindspeed-mm",
         description="mindspeed-mm: scripts run MindSpeed-MM in its checkout; bundled: mm-agent's own "
         "runtime (python -m runtime.train) on NPU, GPU or CPU (Wan-family t2v)",
     )
-    num_frames: int | None = Field(default=None, ge=1, description="frames per clip, 4n+1 (Wan default 81)")
-    max_height: int | None = Field(default=None, ge=16, description="frame height, multiple of 16 (480)")
-    max_width: int | None = Field(default=None, ge=16, description="frame width, multiple of 16 (832)")
+    num_frames: int | None = Field(
+        default=None, ge=1, le=10_001, description="frames per clip, 4n+1 (Wan default 81)"
+    )
+    max_height: int | None = Field(
+        default=None, ge=16, le=16_384, description="frame height, multiple of 16 (480)"
+    )
+    max_width: int | None = Field(
+        default=None, ge=16, le=16_384, description="frame width, multiple of 16 (832)"
+    )
     text_len: int | None = Field(
         default=None,
         ge=1,
@@ -154,7 +168,33 @@ class ResolvedJob(BaseModel):
 
 def _abs(base: Path, value: str) -> str:
     path = Path(value).expanduser()
-    return str(path if path.is_absolute() else (base / path).resolve())
+    return str(path if path.is_absolute() else resolve(base / path, "path"))
+
+
+# ResolvedJob paths -> the JobSpec field they come from (what a refusal names).
+JOB_PATHS = {
+    "mm_root": "mm_root",
+    "weights_dir": "weights_dir",
+    "load_path": "load_path",
+    "dataset_dir": "dataset_dir",
+    "dataset_file": "dataset_file",
+    "save_path": "save_path",
+    "feature_dir": "feature_dir",
+}
+
+
+def confine_job(job: ResolvedJob, root: Path) -> None:
+    """Every path a job's scripts read or write must lie in the workspace or an allowed root (symlinks
+    followed): otherwise extraction and training would read and write outside it."""
+    for attr, field in JOB_PATHS.items():
+        value = Path(getattr(job, attr))
+        if not inside(value, root):
+            raise MMAgentError(
+                f"{field} {value} lies outside {where(root)}",
+                field=field,
+                fix="put it inside the workspace (e.g. a relative path) and re-render the job; the server "
+                "operator can allow another root with `mm-agent serve --allow-root DIR`",
+            )
 
 
 def split_layers(total: int, stages: int) -> list[int]:
@@ -269,9 +309,10 @@ def _layers_for(
 
 
 def _wan_arch(
-    entry: ModelEntry, size: SizeSpec, spec: JobSpec, weights_dir: str, readable: bool
+    entry: ModelEntry, size: SizeSpec, spec: JobSpec, weights_dir: str, root: Path | None
 ) -> tuple[dict[str, Any], WanWeights | None]:
-    """The size's arch, overlaid with what the checkpoint's config.json files say (Wan family only)."""
+    """The size's arch, overlaid with what the checkpoint's config.json files say (Wan family only; with
+    `root`, only when weights_dir is inside the workspace)."""
     arch = dict(size.arch)
     if not is_wan_family(entry):
         overrides = [f for f in ("num_frames", "max_height", "max_width", "text_len") if getattr(spec, f)]
@@ -282,7 +323,8 @@ def _wan_arch(
                 fix=f"drop {', '.join('--' + f.replace('_', '-') for f in overrides)}",
             )
         return arch, None
-    weights = read_wan_weights(Path(weights_dir)) if readable else WanWeights()
+    readable = root is None or inside(Path(weights_dir), root)
+    weights = read_wan_weights(Path(weights_dir), root) if readable else WanWeights()
     arch.update(weights.arch)
     text_len = spec.text_len or weights.text_len
     if text_len is not None:
@@ -374,8 +416,7 @@ def resolve_job(
     jd = job_dir.resolve()
     hf_id = size.hf_ids[0] if size.hf_ids else None
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
-    readable = root is None or Path(weights).resolve().is_relative_to(root.resolve())
-    arch, wan = _wan_arch(entry, size, spec, weights, readable)
+    arch, wan = _wan_arch(entry, size, spec, weights, root)
 
     num_layers = arch.get("num_layers")
     pnl = _layers_for(spec, int(num_layers) if num_layers else None, pp, par.pipeline_num_layers)
@@ -395,7 +436,7 @@ def resolve_job(
         # MindSpeed-MM converts in place (release/ next to the safetensors). The bundled runtime gets its
         # own folder, so the HF download stays untouched and a job validates before conversion.
         default_load = f"{weights}-mm" if spec.runtime == "bundled" else str(Path(weights) / "transformer")
-    return ResolvedJob(
+    job = ResolvedJob(
         spec=spec,
         entry=entry,
         task=task,
@@ -409,7 +450,7 @@ def resolve_job(
         dataset_file=_abs(base, spec.dataset_file)
         if spec.dataset_file
         else str(Path(_abs(base, spec.dataset_dir)) / "data.json"),
-        save_path=_abs(base, spec.save_path),
+        save_path=_abs(base, spec.save_path) if spec.save_path else str(jd / "checkpoints"),
         feature_dir=_abs(base, spec.feature_dir) if spec.feature_dir else str(jd / "sora_features"),
         npus_per_node=npus,
         nnodes=nnodes,
@@ -439,6 +480,9 @@ def resolve_job(
         device=spec.device,
         python=sys.executable,
     )
+    if root is not None:
+        confine_job(job, root)
+    return job
 
 
 # Rendered script -> the job-management stage that runs it (C6); names are MindSpeed-MM's.

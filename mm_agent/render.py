@@ -12,9 +12,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
-import tempfile
-import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -24,14 +21,17 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
 from pydantic import BaseModel, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.fields import PathText
 from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
-from mm_agent.paths import confine
+from mm_agent.jobwrite import write_job
+from mm_agent.paths import confine, read_file, resolve, roots_of
 
 JOB_FILE = "job.yaml"
+MAX_JOB_YAML = 256 * 1024  # a job.yaml is a few hundred bytes
 
 
 class RenderRequest(JobSpec):
-    out_dir: str = Field(description="job directory to create")
+    out_dir: PathText = Field(description="job directory to create")
     confirm: bool = Field(default=False, description="write the files; false = dry run that only shows them")
     force: bool = Field(
         default=False, description="replace a different existing job (the old one is kept as a backup)"
@@ -162,96 +162,29 @@ def _job_files(target: Path, root: Path | None) -> set[str] | None:
     if not (target / JOB_FILE).is_file():
         return None
     try:
-        spec = load_job_spec(target / JOB_FILE)
+        spec = load_job_spec(target / JOB_FILE, root)
         return set(render_files(resolve_job(spec, target, base=root, root=root)))
     except MMAgentError:
         return None
 
 
-def _same_tree(target: Path, files: dict[str, str], old_files: set[str] | None) -> bool:
-    """The job in `target` is this one: same job files, same text (outputs written into it don't count)."""
-    if old_files is None:
-        old_files = {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
-    if old_files != set(files):
-        return False
-    return all(
-        (target / rel).read_text(encoding="utf-8", errors="replace") == text for rel, text in files.items()
-    )
-
-
-def _carry_outputs(old_root: Path, new_root: Path, job_files: set[str], rel: str = "") -> list[str]:
-    """Move what is not a job file (of the old or the new render) from the replaced job into the new one,
-    so re-rendering keeps extracted features, samples and logs; returns the moved paths."""
-    moved: list[str] = []
-    for entry in sorted((old_root / rel).iterdir() if rel else old_root.iterdir()):
-        name = f"{rel}/{entry.name}" if rel else entry.name
-        if name in job_files:
-            continue
-        holds_job_files = any(f.startswith(name + "/") for f in job_files)
-        if holds_job_files and entry.is_dir() and not entry.is_symlink():
-            moved += _carry_outputs(old_root, new_root, job_files, name)
-        elif not holds_job_files:
-            dest = new_root / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            entry.rename(dest)
-            moved.append(name)
-    return moved
-
-
-def _write_atomically(
-    target: Path, files: dict[str, str], force: bool, root: Path | None
-) -> tuple[str, str | None, list[str]]:
-    """Write into a sibling temp dir, then rename; an existing different job is only replaced with force.
-
-    The replaced job's files go to a backup directory; what the job wrote into its directory (features,
-    samples, logs) moves into the new one. Returns (status, backup dir, moved outputs).
-    """
-    backup: str | None = None
-    old_files: set[str] | None = None
-    if target.exists():
-        if not target.is_dir():
-            raise MMAgentError(
-                "output path exists and is not a directory", file=str(target), fix="choose another --out"
+def _check_out_dir(target: Path, base: Path, root: Path | None) -> None:
+    """A job directory is never the workspace (or the current directory), a parent of it, or a root the
+    server allows: replacing one would move everything in it to a backup."""
+    protected = {base, *(roots_of(root) if root is not None else ())}
+    for place in sorted(protected):
+        if target == place or place.is_relative_to(target):
+            what = (
+                "the workspace" if root is not None and place == root.resolve() else f"the directory {place}"
             )
-        if any(target.iterdir()):
-            old_files = _job_files(target, root)
-            if _same_tree(target, files, old_files):
-                return "unchanged", None, []
-            if not force:
-                raise MMAgentError(
-                    "output directory already holds different files",
-                    file=str(target),
-                    fix="choose a new --out, or pass --force to replace it (the old job files are kept as a "
-                    "backup; features and other outputs move to the new job)",
-                )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        for rel, text in files.items():
-            dest = tmp / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text, encoding="utf-8", newline="\n")
-            if rel.endswith(".sh"):
-                dest.chmod(0o755)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if not target.exists():
-        tmp.rename(target)
-        return "written", None, []
-    if not any(target.iterdir()):
-        target.rmdir()
-        tmp.rename(target)
-        return "written", None, []
-    backup = f"{target}.bak-{time.strftime('%Y%m%d-%H%M%S')}"
-    target.rename(backup)
-    moved: list[str] = []
-    try:
-        if old_files is not None:  # an unknown directory is kept whole in the backup
-            moved = _carry_outputs(Path(backup), tmp, old_files | set(files))
-    finally:
-        tmp.rename(target)  # never deleted once outputs may have moved into it
-    return "replaced", backup, moved
+            if root is None and place == base:
+                what = "the current directory"
+            relation = "is" if target == place else "contains"
+            raise MMAgentError(
+                f"out_dir {target} {relation} {what}; a job directory must be a folder of its own",
+                field="out_dir",
+                fix="render into a new subdirectory, e.g. jobs/<name>",
+            )
 
 
 def _next_steps(job: ResolvedJob) -> list[str]:
@@ -304,7 +237,8 @@ def _script_names(job: ResolvedJob) -> list[str]:
 def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     """Render a job; write it only when `req.confirm` is true. `root` confines `out_dir` (MCP workspace)."""
     base = (root or Path.cwd()).resolve()
-    target = confine(req.out_dir, root) if root else (base / req.out_dir).resolve()
+    target = confine(req.out_dir, root, "out_dir") if root else resolve(base / req.out_dir, "out_dir")
+    _check_out_dir(target, base, root)
     spec = JobSpec.model_validate(req.model_dump(include=set(JobSpec.model_fields)))
     job = resolve_job(spec, target, base=base, root=root)
     files = render_files(job)
@@ -312,7 +246,9 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     backup: str | None = None
     moved: list[str] = []
     if req.confirm:
-        status, backup, moved = _write_atomically(target, files, req.force, root)
+        status, backup, moved = write_job(
+            target, files, force=req.force, root=root, job_files_of=lambda t: _job_files(t, root)
+        )
     return RenderResult(
         job_dir=str(target),
         model=job.entry.id,
@@ -351,14 +287,25 @@ def spec_error(exc: ValidationError, file: str | None = None) -> MMAgentError:
     )
 
 
-def load_job_spec(path: Path) -> JobSpec:
-    """Read a job.yaml back (for `render --from`)."""
+def load_job_spec(path: Path, root: Path | None = None) -> JobSpec:
+    """Read a job.yaml back (for `render --from`, the launcher, the doctor); with `root`, the file must be
+    a regular file inside it (`paths.read_file`)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        raw = yaml.safe_load(read_file(path, root, field="job", limit=MAX_JOB_YAML).decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise MMAgentError(
             f"cannot read job spec: {exc}", file=str(path), fix="pass the job.yaml of a rendered job"
         ) from exc
+    except MMAgentError as exc:
+        raise MMAgentError(
+            f"cannot read job spec: {exc.message}",
+            file=str(path),
+            fix=exc.fix or "pass the job.yaml of a rendered job",
+        ) from None
+    if not isinstance(raw, dict):
+        raise MMAgentError(
+            "job spec is not a mapping of fields", file=str(path), fix="pass the job.yaml of a rendered job"
+        )
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:

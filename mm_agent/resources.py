@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import Runtime
-from mm_agent.paths import confine
+from mm_agent.paths import confine, read_file
 from mm_agent.pipeline import PipelineStage
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ModelEntry
@@ -131,6 +131,10 @@ def _resolve_in_workspace(path: str, root: Path) -> Path:
         resolved = confine(path, root)
     except MMAgentError:
         raise _refuse(path, "resolves outside the workspace") from None
+    if not resolved.is_relative_to(
+        root
+    ):  # an allowed root is for tool arguments; resources serve the workspace
+        raise _refuse(path, "resolves outside the workspace")
     if any(p.startswith(".") for p in resolved.relative_to(root).parts):
         raise _refuse(path, "resolves to a hidden file")
     return resolved
@@ -182,7 +186,8 @@ def read_job_file(path: str, root: Path) -> JobFileText:
             field="path",
             fix="read large logs with tail_logs or diagnose_errors instead",
         )
-    text = _as_text(resolved.read_bytes())
+    # Opened by `read_file`: a parent swapped for a symlink since the checks above is caught at the open.
+    text = _as_text(read_file(resolved, root, field="path", limit=MAX_FILE_BYTES))
     if text is None:
         raise MMAgentError(
             f"job file {rel!r} is not UTF-8 text", field="path", fix="only text files are served"

@@ -17,10 +17,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.paths import read_file
 
 WAN_CLASS = "WanTransformer3DModel"
 # Tokenizers saved without a length record a huge sentinel (transformers' VERY_LARGE_INTEGER) instead.
 _MAX_SANE_TEXT_LEN = 100_000
+_MAX_CONFIG_BYTES = 4 * 1024 * 1024  # config.json files are a few KiB; a tokenizer config less than 1 MiB
 
 
 class WanTransformerConfig(BaseModel):
@@ -76,10 +78,14 @@ class WanWeights(BaseModel):
     text_len: int | None = Field(default=None, description="tokenizer model_max_length, when it is real")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, root: Path | None) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        data = json.loads(read_file(path, root, field="weights_dir", limit=_MAX_CONFIG_BYTES).decode("utf-8"))
+    except MMAgentError as exc:
+        raise MMAgentError(
+            f"cannot read {path.name}: {exc.message}", file=str(path), field="weights_dir", fix=exc.fix
+        ) from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise MMAgentError(
             f"cannot read {path.name}: {exc}",
             file=str(path),
@@ -94,9 +100,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def transformer_config(path: Path) -> WanTransformerConfig:
+def transformer_config(path: Path, root: Path | None = None) -> WanTransformerConfig:
     """Parse `transformer/config.json`; a config of another model class is refused with the fix."""
-    data = _read_json(path)
+    data = _read_json(path, root)
     name = data.get("_class_name")
     if name != WAN_CLASS:
         raise MMAgentError(
@@ -117,16 +123,17 @@ def transformer_config(path: Path) -> WanTransformerConfig:
         ) from exc
 
 
-def read_wan_weights(weights_dir: Path) -> WanWeights:
-    """Read what exists of transformer/, vae/ and tokenizer/ configs under `weights_dir`."""
+def read_wan_weights(weights_dir: Path, root: Path | None = None) -> WanWeights:
+    """Read what exists of transformer/, vae/ and tokenizer/ configs under `weights_dir` (with `root`, only
+    regular files that stay inside the workspace are read)."""
     out = WanWeights()
     cfg_path = weights_dir / "transformer" / "config.json"
     if cfg_path.is_file():
         out.transformer_config = str(cfg_path)
-        out.arch = transformer_config(cfg_path).predictor_arch()
+        out.arch = transformer_config(cfg_path, root).predictor_arch()
     vae_path = weights_dir / "vae" / "config.json"
     if vae_path.is_file():
-        vae = _read_json(vae_path)
+        vae = _read_json(vae_path, root)
         spatial, temporal = vae.get("scale_factor_spatial"), vae.get("scale_factor_temporal")
         if isinstance(spatial, int) and spatial > 0:
             out.spatial_stride = spatial
@@ -134,7 +141,7 @@ def read_wan_weights(weights_dir: Path) -> WanWeights:
             out.temporal_stride = temporal
     tok_path = weights_dir / "tokenizer" / "tokenizer_config.json"
     if tok_path.is_file():
-        length = _read_json(tok_path).get("model_max_length")
+        length = _read_json(tok_path, root).get("model_max_length")
         if isinstance(length, int) and 0 < length <= _MAX_SANE_TEXT_LEN:
             out.text_len = length
     return out

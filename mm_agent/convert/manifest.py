@@ -22,8 +22,10 @@ import mm_agent
 from mm_agent.convert.layout import TRACKER
 from mm_agent.convert.schema import Manifest
 from mm_agent.errors import MMAgentError
+from mm_agent.paths import read_file
 
 MANIFEST = "mm_agent_manifest.json"
+MAX_MANIFEST = 64 * 1024 * 1024  # source hashes and the HF weight map: well under a MiB for real models
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -71,13 +73,17 @@ def write_manifest(directory: Path, manifest: Manifest) -> Path:
     return path
 
 
-def read_manifest(directory: Path) -> Manifest | None:
-    """The manifest in `directory`, None when there is none; a corrupt one is an error naming the file."""
+def read_manifest(directory: Path, root: Path | None = None) -> Manifest | None:
+    """The manifest in `directory`, None when there is none; a corrupt one is an error naming the file.
+    Read as a regular file only (a FIFO in its place is refused, not waited on); with `root`, what is
+    opened must lie inside the workspace."""
     path = directory / MANIFEST
     if not path.is_file():
         return None
     try:
-        return Manifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        return Manifest.model_validate(
+            json.loads(read_file(path, root, field="manifest", limit=MAX_MANIFEST))
+        )
     except (ValueError, ValidationError) as exc:
         raise MMAgentError(
             f"unreadable manifest: {str(exc).splitlines()[0]}",

@@ -6,14 +6,19 @@ heavy stack; the conversion itself runs in a worker process (`python -m mm_agent
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mm_agent.fields import Name, PathText
 
 # MindSpeed-MM's names, so commands read like the upstream docs (`mm-convert WanConverter hf_to_mm ...`).
 ConverterName = str
 Method = str
 Status = Literal["dry_run", "started", "converted", "unchanged", "failed"]
+Layers = Annotated[int, Field(ge=0, le=100_000)]
+StageLayers = Annotated[list[Layers], Field(max_length=1024)]  # layers per PP stage
+VppLayers = Annotated[list[StageLayers], Field(max_length=64)]  # per VPP chunk, layers per PP stage
 
 
 class _Model(BaseModel):
@@ -23,27 +28,28 @@ class _Model(BaseModel):
 class ConvertRequest(_Model):
     """One conversion. Paths are confined to the workspace over MCP."""
 
-    converter: ConverterName = Field(description="MindSpeed-MM converter class, e.g. WanConverter")
-    method: Method = Field(description="converter method, e.g. hf_to_mm, mm_to_hf, resplit")
-    source: str = Field(description="HF dir (hf_to_mm), MM checkpoint dir (mm_to_hf, resplit)")
-    target: str = Field(description="output dir; may equal source for the Wan in-place form")
-    hf_dir: str | None = Field(
+    converter: Name = Field(description="MindSpeed-MM converter class, e.g. WanConverter")
+    method: Name = Field(description="converter method, e.g. hf_to_mm, mm_to_hf, resplit")
+    source: PathText = Field(description="HF dir (hf_to_mm), MM checkpoint dir (mm_to_hf, resplit)")
+    target: PathText = Field(description="output dir; may equal source for the Wan in-place form")
+    hf_dir: PathText | None = Field(
         default=None, description="original HF dir (mm_to_hf: config.json / index files are taken from it)"
     )
-    tp: int = Field(default=1, ge=1, description="tensor-parallel size of the MM layout")
-    pp_layers: list[int] | list[list[int]] | None = Field(
+    tp: int = Field(default=1, ge=1, le=1024, description="tensor-parallel size of the MM layout")
+    pp_layers: StageLayers | VppLayers | None = Field(
         default=None,
         description="layers per PP stage ([7,8,8,7]); nested lists mean VPP ([[3,4,4,4],[3,4,4,4]]); "
         "for VLMs the LLM layers per stage",
     )
-    vit_pp_layers: list[int] | list[list[int]] | None = Field(
+    vit_pp_layers: StageLayers | VppLayers | None = Field(
         default=None, description="VLM: ViT layers per PP stage (ViT layers come first)"
     )
     source_tp: int | None = Field(
-        default=None, description="resplit: TP of the source (read from it if None)"
+        default=None, ge=1, le=1024, description="resplit: TP of the source (read from it if None)"
     )
     converter_version: str | None = Field(
         default=None,
+        max_length=32,
         pattern=r"^[A-Za-z0-9._-]{1,32}$",
         description="mm-convert init arg `--version` of converters that take one (CogVideoConverter t2v/i2v, "
         "OpenSoraPlanConverter v1.3/v1.5); default: the registry's",

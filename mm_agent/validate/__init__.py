@@ -3,6 +3,8 @@
 Inputs are job directories (walked for *.sh, *.json, *.yaml/*.yml, data.txt, job.yaml) and/or files.
 Scripts are read statically (variables, `$JOB_DIR` idiom, the torchrun flags) and the config files they
 pass are validated too. The result is a `ValidationReport`; bad input becomes findings, never a traceback.
+Only regular files are read (FIFOs and devices are findings, not reads that never end), and with a
+workspace `root` every file is re-checked against it once open.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mm_agent.errors import MMAgentError
+from mm_agent.paths import owning_root, where
 from mm_agent.validate import (
     rules_ckpt,
     rules_common,
@@ -20,7 +23,7 @@ from mm_agent.validate import (
 )
 from mm_agent.validate.files import walk
 from mm_agent.validate.findings import FileSummary, Finding, Sink, ValidateRequest, ValidationReport
-from mm_agent.validate.job import Job, exists, is_dir
+from mm_agent.validate.job import Job, exists, is_dir, resolved
 from mm_agent.validate.refs import build_launches, load_inputs
 
 __all__ = ["FileSummary", "Finding", "ValidateRequest", "ValidationReport", "validate_configs"]
@@ -41,9 +44,9 @@ def _inputs(req: ValidateRequest, root: Path | None, sink: Sink) -> list[Path]:
                 "input.missing", raw, "not a usable path", "pass an existing job directory or config file"
             )
             continue
-        if root is not None and not path.is_relative_to(root):
+        if root is not None and owning_root(path, root) is None:
             raise MMAgentError(
-                f"{raw} is outside the workspace {root}",
+                f"{raw} is outside {where(root)}",
                 field="paths",
                 fix="pass paths inside the workspace (copy the job into it first)",
             )
@@ -70,7 +73,15 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         mm_root = str(root / mm_root)  # relative to the workspace, like the paths
     job = Job(sink, root, mm_root)
     inputs = _inputs(req, root, sink)
-    load_inputs(job, [p for p in dict.fromkeys(inputs) if not job.outside(p.resolve(), str(p), None, None)])
+    # an input that cannot be resolved (a symlink loop) is loaded anyway, to be reported with the fix
+    load_inputs(
+        job,
+        [
+            p
+            for p in dict.fromkeys(inputs)
+            if (real := resolved(p)) is None or not job.outside(real, str(p), None, None)
+        ],
+    )
     job.find_mm_root()
     build_launches(job)
     for rules in (rules_common, rules_ckpt, rules_parallel, rules_generative, rules_data, rules_vlm):

@@ -1,20 +1,28 @@
 """Finding, reading and classifying the files of a job.
 
 Files are classified by content (keys), not by name, except `*.sh`, `data.txt` and `job.yaml`.
-Reading never raises: unreadable files, bad UTF-8 and binary junk become findings.
+Reading never raises: unreadable files, bad UTF-8 and binary junk become findings. Only regular files are
+opened (a FIFO would block the call forever, a device never end), through `paths.open_file`, which with a
+workspace `root` also checks what was really opened against it (a parent swapped for a symlink after the
+check cannot leak a file from outside), and no more than `MAX_BYTES` of a file is ever read.
 """
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from mm_agent.errors import MMAgentError
+from mm_agent.paths import open_file
 from mm_agent.validate.findings import Sink
 from mm_agent.validate.parse import Parsed, ParseError, line_of, parse_json, parse_yaml
 
 MAX_BYTES = 64 * 1024 * 1024
+MAX_LINE = 1024 * 1024  # characters of one JSON Lines record read (a record with no newline is cut here)
 MAX_WALK_FILES = 2000
 MAX_DEPTH = 8
 _SKIP_DIRS = {"__pycache__", "node_modules", "logs", "release", ".git", ".venv"}
@@ -44,26 +52,41 @@ class ConfigFile:
         return node
 
 
-def read_text(path: Path, sink: Sink) -> str | None:
+def open_text(path: Path, root: Path | None) -> TextIO:
+    """A regular file opened as UTF-8 text (undecodable bytes replaced), re-checked against `root`;
+    MMAgentError (with the fix) when it is not a regular file, not readable, or now outside."""
+    return io.TextIOWrapper(open_file(path, root, "path"), encoding="utf-8", errors="replace")
+
+
+def lines(fh: TextIO) -> Iterator[str]:
+    """The lines of a text file, each cut at MAX_LINE characters, so one endless line is never held."""
+    return iter(lambda: fh.readline(MAX_LINE), "")
+
+
+def read_text(path: Path, sink: Sink, root: Path | None) -> str | None:
     """File text, or None after reporting why it can't be used."""
     shown = str(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            sink.warning(
-                "file.too_large",
-                shown,
-                f"{size} bytes; files over {MAX_BYTES} bytes are not checked",
-                "split the file, or validate a smaller sample of it",
-            )
-            return None
-        raw = path.read_bytes()
+        with open_file(path, root, "path") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            raw = fh.read(MAX_BYTES + 1) if size <= MAX_BYTES else b""
+    except MMAgentError as exc:
+        sink.error("file.unreadable", shown, f"cannot read: {exc.message}", exc.fix or "fix the path")
+        return None
     except OSError as exc:
         sink.error(
             "file.unreadable",
             shown,
             f"cannot read: {exc.strerror or exc}",
             "make the file readable by this user (chmod/chown) or fix the path",
+        )
+        return None
+    if size > MAX_BYTES or len(raw) > MAX_BYTES:
+        sink.warning(
+            "file.too_large",
+            shown,
+            f"{max(size, len(raw))} bytes; files over {MAX_BYTES} bytes are not checked",
+            "split the file, or validate a smaller sample of it",
         )
         return None
     if b"\x00" in raw:
@@ -132,9 +155,11 @@ def classify(data: Any, name: str) -> str:
     return "unknown"
 
 
-def load_config(path: Path, sink: Sink, *, kind_hint: str | None = None) -> ConfigFile | None:
+def load_config(
+    path: Path, sink: Sink, root: Path | None, *, kind_hint: str | None = None
+) -> ConfigFile | None:
     """Read and parse one JSON/YAML/data.txt file; syntax errors are reported, not raised."""
-    text = read_text(path, sink)
+    text = read_text(path, sink, root)
     if text is None:
         return None
     shown = str(path)

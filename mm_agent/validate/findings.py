@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from mm_agent.fields import MAX_PATHS, PathText
+
 Severity = Literal["error", "warning", "info"]
 
 
@@ -34,9 +36,9 @@ class ValidationReport(BaseModel):
 
 
 class ValidateRequest(BaseModel):
-    paths: list[str] = Field(description="job directories and/or individual files")
+    paths: list[PathText] = Field(max_length=MAX_PATHS, description="job directories and/or individual files")
     strict: bool = Field(default=False, description="count warnings as errors")
-    mm_root: str | None = Field(
+    mm_root: PathText | None = Field(
         default=None, description="MindSpeed-MM checkout that relative paths start from"
     )
 

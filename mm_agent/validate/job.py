@@ -2,7 +2,9 @@
 
 Paths in scripts and configs are relative to the MindSpeed-MM root the job runs from (the stock scripts
 run from there). That root comes from the request, else `MM_ROOT=` in a script, else `mm_root` in job.yaml.
-With `root` set, nothing outside it is read.
+With `root` set, nothing outside it (and the allowed roots) is read, and every file is re-checked against
+it once open (`files.read_text`). An input that cannot be resolved (a symlink loop) is a finding with
+the fix.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mm_agent.paths import inside
 from mm_agent.validate.files import ConfigFile, load_config, read_text
 from mm_agent.validate.findings import Severity, Sink
 from mm_agent.validate.shell import LaunchCommand, ScriptInfo, parse_script
@@ -110,6 +113,14 @@ def is_dir(path: Path) -> bool:
         return False
 
 
+def resolved(path: Path) -> Path | None:
+    """`path.resolve()`, or None for names that cannot be resolved (a symlink loop, a NUL byte)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def to_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -132,11 +143,9 @@ class Job:
 
     # ---- filesystem ----------------------------------------------------------------------------------
     def inside(self, path: Path) -> bool:
-        if self.root is None:
-            return True
         try:
-            return path.resolve().is_relative_to(self.root)
-        except (OSError, RuntimeError, ValueError):
+            return self.root is None or inside(path, self.root)
+        except ValueError:  # a NUL byte in a path taken from a config: no such file anywhere
             return False
 
     def outside(self, path: Path, file: str, field: str | None, line: int | None) -> bool:
@@ -206,16 +215,26 @@ class Job:
         return None
 
     # ---- loading -------------------------------------------------------------------------------------
+    def unresolvable(self, path: Path) -> None:
+        """A loop used to crash the whole validation; now it is one finding that says how to fix it."""
+        self.sink.error(
+            "file.unreadable",
+            str(path),
+            "cannot resolve the path: a symlink loop, or a name no filesystem accepts",
+            "remove or repoint the looping symlink, or pass the real file",
+        )
+
     def load(self, path: Path, *, kind_hint: str | None = None) -> ConfigFile | None:
-        try:
-            path = path.resolve()
-            if path in self.configs:
-                return self.configs[path]
-            if path in self.failed or not path.is_file():
-                return None
-        except (OSError, ValueError):
+        real = resolved(path)
+        if real is None:
+            self.unresolvable(path)
             return None
-        cfg = load_config(path, self.sink, kind_hint=kind_hint)
+        path = real
+        if path in self.configs:
+            return self.configs[path]
+        if path in self.failed or not exists(path):
+            return None
+        cfg = load_config(path, self.sink, self.root, kind_hint=kind_hint)
         if cfg is None:
             self.failed.add(path)
             return None
@@ -223,12 +242,16 @@ class Job:
         return cfg
 
     def load_script(self, path: Path) -> ScriptFile | None:
-        path = path.resolve()
+        real = resolved(path)
+        if real is None:
+            self.unresolvable(path)
+            return None
+        path = real
         if path in self.scripts:
             return self.scripts[path]
         if path in self.failed:
             return None
-        text = read_text(path, self.sink)
+        text = read_text(path, self.sink, self.root)
         if text is None:
             self.failed.add(path)
             return None

@@ -14,9 +14,11 @@ from typing import Any
 
 from mm_agent.convert.manifest import MANIFEST, read_manifest
 from mm_agent.errors import MMAgentError
+from mm_agent.validate.files import open_text
 from mm_agent.validate.job import Job, Launch, to_int
 
 TRACKER = "latest_checkpointed_iteration.txt"
+TRACKER_CHARS = 4096  # a tracker holds "release" or a step number; more is read no further
 _ITER = re.compile(r"^iter_\d+$")
 
 
@@ -119,13 +121,15 @@ def _check_load(job: Job, launch: Launch) -> None:
         )
         return
     try:
-        content = tracker.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError as exc:
+        with open_text(tracker, job.root) as fh:
+            content = fh.read(TRACKER_CHARS).strip()
+    except (MMAgentError, OSError) as exc:
+        why = exc.message if isinstance(exc, MMAgentError) else exc.strerror or str(exc)
         job.sink.error(
             "file.unreadable",
             str(tracker),
-            f"cannot read: {exc.strerror or exc}",
-            "make the tracker file readable",
+            f"cannot read: {why}",
+            "make the tracker file a readable regular file (`echo release > " + str(tracker) + "`)",
         )
         return
     iteration = to_int(content)
@@ -282,7 +286,7 @@ def _manifest(
             )
         return
     try:
-        manifest = read_manifest(path)
+        manifest = read_manifest(path, job.root)
     except (OSError, MMAgentError) as exc:
         job.sink.warning(
             "ckpt.manifest_invalid",

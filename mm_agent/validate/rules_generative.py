@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from mm_agent.validate.files import ConfigFile
+from mm_agent.errors import MMAgentError
+from mm_agent.validate.files import ConfigFile, lines, open_text
 from mm_agent.validate.job import Job, exists, to_int
 
 SAMPLE = 200
@@ -71,8 +72,8 @@ def _jsonl(job: Job, path: Path, folder: Path | None) -> None:
     file = str(path)
     missing: list[str] = []
     try:
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            for number, text in enumerate(fh, 1):
+        with open_text(path, job.root) as fh:
+            for number, text in enumerate(lines(fh), 1):
                 if number > SAMPLE:
                     break
                 if not text.strip():
@@ -114,6 +115,9 @@ def _jsonl(job: Job, path: Path, folder: Path | None) -> None:
                     return
                 if folder is not None and job.inside(folder / entry) and not exists(folder / entry):
                     missing.append(entry)
+    except MMAgentError as exc:
+        job.sink.error("file.unreadable", file, f"cannot read: {exc.message}", exc.fix or "fix data_path")
+        return
     except OSError as exc:
         job.sink.error(
             "file.unreadable", file, f"cannot read: {exc.strerror or exc}", "make data.jsonl readable"

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mm_agent.validate.files import ConfigFile
+from mm_agent.errors import MMAgentError
+from mm_agent.validate.files import ConfigFile, lines, open_text
 from mm_agent.validate.job import Job, exists, is_file, to_int
 from mm_agent.validate.parse import join
 
@@ -119,8 +120,8 @@ def _records(job: Job, path: Path) -> tuple[list[Any] | None, ConfigFile | None]
     if path.suffix == ".jsonl":
         out: list[Any] = []
         try:
-            with path.open(encoding="utf-8", errors="replace") as fh:
-                for text in fh:
+            with open_text(path, job.root) as fh:
+                for text in lines(fh):
                     if len(out) >= SAMPLE:
                         break
                     if text.strip():
@@ -128,6 +129,11 @@ def _records(job: Job, path: Path) -> tuple[list[Any] | None, ConfigFile | None]
                             out.append(json.loads(text))
                         except ValueError:
                             out.append(None)
+        except MMAgentError as exc:
+            job.sink.error(
+                "file.unreadable", str(path), f"cannot read: {exc.message}", exc.fix or "fix the dataset path"
+            )
+            return None, None
         except OSError:
             return None, None
         return out, None
