@@ -205,8 +205,8 @@ def test_refusals_name_the_file_and_the_fix(ws: Path) -> None:
     with pytest.raises(MMAgentError) as err:
         start_stage(StageRequest(job_dir="job2", stage="sample"))
     assert "no trained checkpoint" in err.value.message and "mm-agent train" in (err.value.fix or "")
-    (ws / "checkpoints").mkdir()
-    (ws / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("5")
+    (job / "checkpoints").mkdir()  # the job's own save_path (per job, not per workspace)
+    (job / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("5")
     with pytest.raises(MMAgentError) as err:  # inference.sh runs one process, whatever is asked
         start_stage(StageRequest(job_dir="job2", stage="sample", nproc_per_node=2))
     assert err.value.field == "nproc_per_node"
@@ -367,6 +367,32 @@ def test_stop_job_stops_the_whole_run_and_nothing_else(
     final = job_status(launch.run_id)
     assert final.state == "stopped" and final.report is not None and final.report["stopped_by"] == "user"
     assert stop_job(launch.run_id, confirm=True).status == "not_running"
+
+
+@pytest.mark.slow
+def test_a_requested_stop_is_not_turned_into_a_watchdog_failure(ws: Path) -> None:
+    """The stop's own SIGTERM reaches the log as a death signal (a fatal signature) while the stage is
+    still shutting down: the run must end "stopped" by the user, not "failed" by the watchdog."""
+    job = make_job(ws)
+    stand_in(job, "pretrain.sh", "train")  # keeps the header the launcher reads
+    script = job / "pretrain.sh"
+    header = script.read_text().rsplit("\n", 2)[0]  # drop the torchrun line
+    script.write_text(
+        header + "\n"
+        "trap 'echo \"Received 15 death signal, shutting down workers\"; sleep 2; exit 143' TERM\n"
+        "echo ready\n"
+        "while :; do sleep 0.1; done\n"
+    )
+    launch = start_stage(StageRequest(job_dir="job", stage="train", confirm=True))
+    assert launch.run_id is not None
+    end = time.monotonic() + DEADLINE_S
+    while "ready" not in "\n".join(tail_logs(launch.run_id, 5).lines):
+        assert time.monotonic() < end, "the stage did not start"
+        time.sleep(0.1)
+    assert stop_job(launch.run_id, confirm=True, timeout_s=10).state == "stopped"
+    final = job_status(launch.run_id)
+    assert final.report is not None and final.report["stopped_by"] == "user", final.report
+    assert any("death signal" in line for line in tail_logs(launch.run_id, 20).lines)
 
 
 @pytest.mark.slow

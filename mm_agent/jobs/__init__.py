@@ -3,7 +3,9 @@
 `start_stage` (launch.py) checks the job and starts `bash <stage script>` in its own process group under
 a supervisor (supervise.py) that writes progress, watches the log with the diagnoser and writes the final
 report; `job_status`/`list_jobs`/`tail_logs`/`wait_job` (status.py) read a run, job stage or conversion;
-`stop_job` (stop.py) stops one run's processes and nothing else. Nothing here imports torch.
+`stop_job` (stop.py) stops one run's processes and nothing else. Runs cannot collide: a run whose
+processes still live, supervised or orphaned, holds its job and save_path (holders.py), and a training
+never resumes a checkpoint written by another job (resume.py). Nothing here imports torch.
 """
 
 from __future__ import annotations

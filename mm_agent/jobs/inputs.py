@@ -5,6 +5,10 @@ checkpoint under LOAD_PATH and silently trains from random weights, costs more t
 extraction needs its dataset index, training needs the extracted features (feature datasets) and a
 checkpoint in MindSpeed-MM layout under LOAD_PATH, sampling needs a trained checkpoint, and the runtime
 itself must be there (the MindSpeed-MM checkout and torchrun, or the bundled runtime's interpreter).
+
+Files are read through `paths.read_file`, which refuses a FIFO, socket or device before opening it (a FIFO
+in place of a config would block the launch forever), and over MCP (`job.root`) every input named here
+must lie in the workspace or an allowed root.
 """
 
 from __future__ import annotations
@@ -18,30 +22,44 @@ from typing import Any
 
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs.jobdir import StageScript
+from mm_agent.jobs.resume import TRACKER
+from mm_agent.paths import inside, read_file, require_regular, where
 from mm_agent.registry import get_registry
 
-TRACKER = "latest_checkpointed_iteration.txt"
+MAX_CONFIG = 16 * 1024 * 1024  # a data config or dataset list; the datasets themselves are not read here
 
 
-def _json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+def _confined(job: StageScript, path: Path, what: str) -> Path:
+    """`path`, when the launch is not confined or it lies in the workspace or an allowed root."""
+    if job.root is not None and not inside(path, job.root):
+        raise MMAgentError(
+            f"{what} {path} lies outside {where(job.root)}",
+            file=str(path),
+            fix="re-render the job with its data inside the workspace (the server operator can allow "
+            "another root with `mm-agent serve --allow-root DIR`)",
+        )
+    return path
+
+
+def _text(job: StageScript, path: Path, what: str) -> str:
+    if not path.exists():
         raise MMAgentError(
             f"{what} is missing", file=str(path), fix="re-render the job (mm-agent render --from job.yaml)"
-        ) from None
-    except (OSError, ValueError) as exc:
+        )
+    data = read_file(_confined(job, path, what), job.root, field=what, limit=MAX_CONFIG)
+    return data.decode("utf-8", errors="replace")
+
+
+def _json(job: StageScript, path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(_text(job, path, what))
+    except ValueError as exc:
         raise MMAgentError(
             f"{what} is not valid JSON: {exc}", file=str(path), fix="fix the file or re-render the job"
         ) from None
     if not isinstance(data, dict):
         raise MMAgentError(f"{what} is not a JSON object", file=str(path), fix="re-render the job")
     return data
-
-
-def _in_job(job: StageScript, value: str) -> Path:
-    path = Path(value)
-    return path if path.is_absolute() else job.job_dir / path
 
 
 def _dataset(config: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -66,33 +84,41 @@ def _convert_fix(job: StageScript, load_path: str) -> str:
     return f"convert the weights first: {shlex.join(argv)} (then re-render if load_path changed)"
 
 
+def _check_dataset_line(job: StageScript, index_path: Path, number: int, line: str) -> str:
+    """One `folder,index` line of data.txt: both exist, inside the roots, the index a regular file."""
+    folder, _, records = line.partition(",")
+    for path, what in ((Path(folder.strip()), "dataset folder"), (Path(records.strip()), "dataset index")):
+        if not path.exists():
+            raise MMAgentError(
+                f"{what} {path} (line {number} of {index_path.name}) does not exist",
+                file=str(index_path),
+                fix="put the videos and their data.json there, or re-render with --dataset-dir/--dataset-file",
+            )
+        _confined(job, path, what)
+    require_regular(Path(records.strip()), "dataset_file")  # extraction reads it: never a FIFO or device
+    return records.strip()
+
+
 def _check_extract(job: StageScript) -> list[str]:
     data_json = job.job_dir / "feature_extract" / "data.json"
-    _, index = _dataset(_json(data_json, "the feature-extraction data config"))
+    _, index = _dataset(_json(job, data_json, "the feature-extraction data config"))
     if index is None:
         raise MMAgentError(
             "no dataset_param.basic_parameters.data_path",
             file=str(data_json),
             fix="re-render the job (mm-agent render --from job.yaml)",
         )
-    index_path = _in_job(job, index)
-    if not index_path.is_file():
-        raise MMAgentError(
-            "dataset list (data.txt) is missing", file=str(index_path), fix="re-render the job"
-        )
+    index_path = job.path(index)
     checked = [str(index_path)]
-    for number, line in enumerate(index_path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        root, _, records = line.partition(",")
-        for path, what in ((Path(root.strip()), "dataset folder"), (Path(records.strip()), "dataset index")):
-            if not path.exists():
-                raise MMAgentError(
-                    f"{what} {path} (line {number} of {index_path.name}) does not exist",
-                    file=str(index_path),
-                    fix="put the videos and their data.json there, or re-render with --dataset-dir/--dataset-file",
-                )
-        checked.append(records.strip())
+    for number, line in enumerate(_text(job, index_path, "dataset list (data.txt)").splitlines(), 1):
+        if line.strip():
+            checked.append(_check_dataset_line(job, index_path, number, line))
+    tools = job.job_dir / "tools.json"
+    if job.root is not None and tools.exists():  # where the features are written
+        feature = _json(job, tools, "the tools config").get("sorafeature")
+        save = feature.get("save_path") if isinstance(feature, dict) else None
+        if isinstance(save, str):
+            _confined(job, job.path(save), "feature_dir")
     return checked
 
 
@@ -104,7 +130,7 @@ def _check_checkpoint(job: StageScript, *, trained: bool) -> list[str]:
     # Megatron writes the tracker with every save and the mm converters write it too; dcp conversions
     # and models that load Hugging Face weights directly only need the directory.
     needs_tracker = trained or (conv is not None and conv.target_format == "mm")
-    path = _in_job(job, load)
+    path = _confined(job, job.path(load), "LOAD_PATH")
     if (path / TRACKER).is_file() if needs_tracker else path.is_dir():
         return [str(path)]
     detail = f"{TRACKER} missing" if path.is_dir() else "directory missing"
@@ -125,13 +151,13 @@ def _check_checkpoint(job: StageScript, *, trained: bool) -> list[str]:
 
 def _check_features(job: StageScript) -> list[str]:
     data = job.var("MM_DATA")
-    config_path = _in_job(job, data) if data else job.job_dir / "feature_data.json"
-    if not config_path.is_file():
+    config_path = job.path(data) if data else job.job_dir / "feature_data.json"
+    if not config_path.exists():
         return []
-    kind, data_path = _dataset(_json(config_path, "the training data config"))
+    kind, data_path = _dataset(_json(job, config_path, "the training data config"))
     if kind != "feature" or data_path is None:
         return [str(config_path)]
-    features = _in_job(job, data_path)
+    features = _confined(job, job.path(data_path), "extracted features")
     if not features.is_file():
         raise MMAgentError(
             "extracted features are missing (the training dataset is the feature-extraction output)",

@@ -5,22 +5,24 @@ inputs, the ports) and returns the exact command and environment; nothing starts
 is recorded as a run (`mm_agent.runs`) whose worker is the supervisor (`python -m
 mm_agent.jobs.supervise`, started through `procs.spawn` in a session of its own so it outlives the CLI
 call), and the run id comes back at once; `job_status` reports on it from then on.
+
+Both refuse a launch that would collide with an earlier run: one whose processes still live holds the
+job and its save_path (`holders`), and a training never resumes a checkpoint another job wrote (`resume`;
+a confirmed training records itself as the writer of its save_path before it starts).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from mm_agent.errors import MMAgentError
+from mm_agent.jobs.holders import holders, refuse_collision
 from mm_agent.jobs.inputs import check_inputs
 from mm_agent.jobs.jobdir import StageScript, load_stage, resolve_job_dir
 from mm_agent.jobs.ports import (
@@ -31,8 +33,9 @@ from mm_agent.jobs.ports import (
     pick_hccl_base,
     pick_master_port,
 )
-from mm_agent.jobs.schema import STAGE_FILE, STAGES, JobRequest, StageLaunch, StageRecord, StageRequest
-from mm_agent.runs import REPORT, REQUEST, list_runs, read_json, runs_dir, start_run
+from mm_agent.jobs.resume import check_resume, claim
+from mm_agent.jobs.schema import STAGE_FILE, JobRequest, StageLaunch, StageRecord, StageRequest
+from mm_agent.runs import REPORT, read_json, runs_dir, start_run
 
 # Environment a caller may add: device selection and communication tuning only. Anything that can make a
 # process load code (LD_PRELOAD, PYTHONPATH, BASH_ENV, PYTHON, PATH, ...) is refused.
@@ -50,16 +53,15 @@ _ENV_NAMES = frozenset(
     }
 )
 _ENV_PREFIXES = ("HCCL_", "NCCL_", "TORCH_NCCL_")
-_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 PGID_WAIT_S = 5.0
 SUPERVISOR = [sys.executable, "-m", "mm_agent.jobs.supervise"]
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The caller's extra variables, if every one is on the allowlist and has a plain value."""
-    for name, value in env.items():
-        allowed = name in _ENV_NAMES or name.startswith(_ENV_PREFIXES)
-        if not _ENV_NAME.match(name) or not allowed:
+    """The caller's extra variables, if every one is on the allowlist (names and values are already
+    bounded and single-line by the request model)."""
+    for name in env:
+        if name not in _ENV_NAMES and not name.startswith(_ENV_PREFIXES):
             raise MMAgentError(
                 f"environment variable {name!r} may not be set for a job",
                 field=f"env.{name}",
@@ -67,23 +69,7 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
                 + ", ".join(sorted(_ENV_NAMES))
                 + ", HCCL_*, NCCL_*, TORCH_NCCL_*; set others in the job script",
             )
-        if "\x00" in value or "\n" in value or len(value) > 1024:
-            raise MMAgentError(
-                f"bad value for {name}", field=f"env.{name}", fix="a single line of at most 1024 characters"
-            )
     return dict(env)
-
-
-def _live_jobs() -> list[JobRequest]:
-    """Requests of job runs that are still running (their ports are taken even before they bind)."""
-    live = []
-    for run in list_runs().runs:
-        if run.kind in STAGES and run.state == "running":
-            try:
-                live.append(JobRequest.model_validate(read_json(Path(run.run_dir) / REQUEST)))
-            except ValidationError:
-                continue
-    return live
 
 
 def _ports(
@@ -125,16 +111,6 @@ def _ports(
     return out
 
 
-def _refuse_duplicate(job_dir: Path, stage: str, live: list[JobRequest]) -> None:
-    for other in live:
-        if Path(other.job_dir) == job_dir and other.stage == stage:
-            raise MMAgentError(
-                f"the {stage} stage of this job is already running",
-                file=str(job_dir),
-                fix="follow it with `mm-agent jobs` / job_status, or stop it first (mm-agent stop RUN --yes)",
-            )
-
-
 def _wait_pgid(run_dir: Path) -> int | None:
     """The stage's process group, once the supervisor has started it (it takes a fraction of a second)."""
     end = time.monotonic() + PGID_WAIT_S
@@ -151,7 +127,8 @@ def _wait_pgid(run_dir: Path) -> int | None:
 def start_stage(req: StageRequest, root: Path | None = None) -> StageLaunch:
     """Dry run (`req.confirm` False): what would run. Confirmed: start it and return the run id at once.
 
-    `root` (the MCP workspace) confines the job directory and its script.
+    `root` (the MCP workspace) confines the job directory, its script and every path the stage reads
+    or writes.
     """
     job_dir = resolve_job_dir(req.job_dir, root)
     job = load_stage(job_dir, req.stage, root)
@@ -161,9 +138,11 @@ def start_stage(req: StageRequest, root: Path | None = None) -> StageLaunch:
     # The lock makes pick + record atomic across launches; a dry run records nothing, so it needs none
     # (and leaves no state directory behind).
     with launch_lock(runs_dir()) if req.confirm else contextlib.nullcontext():
-        live = _live_jobs()
-        _refuse_duplicate(job_dir, req.stage, live)
-        overrides = _ports(job, req, live, env)
+        live = holders()
+        refuse_collision(job_dir, job.save_path, live)
+        if job.save_path is not None:
+            check_resume(job_dir, job.spec, job.save_path, root)
+        overrides = _ports(job, req, [h.request for h in live], env)
         full_env = {**env, **overrides, "PYTHONUNBUFFERED": "1"}
         port = overrides.get("MASTER_PORT") or (str(job.int_var("MASTER_PORT") or "") or None)
         hccl = overrides.get("HCCL_IF_BASE_PORT")
@@ -180,6 +159,7 @@ def start_stage(req: StageRequest, root: Path | None = None) -> StageLaunch:
             hccl_if_base_port=int(hccl) if hccl else None,
             nproc_per_node=nproc,
             checked=checked,
+            save_path=str(job.save_path) if job.save_path else None,
             message="",
         )
         command = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(full_env.items()))
@@ -203,7 +183,10 @@ def start_stage(req: StageRequest, root: Path | None = None) -> StageLaunch:
             nproc_per_node=nproc,
             stop_grace_s=req.stop_grace_s,
             spec=job.spec.model_dump(mode="json", exclude_none=True),
+            save_path=launch.save_path,
         )
+        if job.save_path is not None:
+            claim(job_dir, job.spec, job.save_path, root)
         info = start_run(req.stage, list(SUPERVISOR), request, job_dir, new_session=True)
     launch.status = "started"
     launch.run_id = info.run_id

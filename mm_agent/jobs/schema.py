@@ -7,11 +7,12 @@ progress.json what the log says so far (`JobProgress`) and report.json how it en
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mm_agent.diagnose.schema import Category, Fix
+from mm_agent.fields import PathText, one_line
 from mm_agent.runs import RUN_ID_PATTERN, RunProgress
 
 STAGE_FILE, STOP_FILE = "stage.json", "stop.json"  # in the run dir, next to mm_agent.runs' files
@@ -21,6 +22,14 @@ Runtime = Literal["mindspeed-mm", "bundled"]
 JobState = Literal["running", "succeeded", "failed", "stopped", "killed"]
 EndState = Literal["succeeded", "failed", "stopped"]
 StoppedBy = Literal["watchdog", "user"]
+MAX_ENV = 32  # extra variables per launch; the allowlist has fewer names than that outside HCCL_*/NCCL_*
+ENV_NAME_PATTERN = r"^[A-Z][A-Z0-9_]{0,63}$"
+ENV_VALUE_CHARS = 1024
+
+
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+EnvValue = Annotated[str, Field(max_length=ENV_VALUE_CHARS), AfterValidator(one_line)]
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN, max_length=64)]
 
 
 class LaunchRequest(BaseModel):
@@ -28,13 +37,16 @@ class LaunchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job_dir: str = Field(description="rendered job directory (holds job.yaml); inside the workspace over MCP")
+    job_dir: PathText = Field(
+        description="rendered job directory (holds job.yaml); inside the workspace over MCP"
+    )
     confirm: bool = Field(default=False, description="false: dry run (argv, env, port; nothing starts)")
     nproc_per_node: int | None = Field(
         default=None, ge=1, le=64, description="processes per node (default: the job's npus_per_node)"
     )
-    env: dict[str, str] = Field(
+    env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
+        max_length=MAX_ENV,
         description="extra environment for the stage; only device/communication variables are accepted "
         "(MM_AGENT_DEVICE, OMP_NUM_THREADS, *_VISIBLE_DEVICES, HCCL_*, NCCL_*, GLOO_SOCKET_IFNAME, ...)",
     )
@@ -63,6 +75,9 @@ class JobRequest(BaseModel):
     nproc_per_node: int | None
     stop_grace_s: float
     spec: dict[str, Any] = Field(description="job.yaml as loaded")
+    save_path: str | None = Field(
+        default=None, description="train: where it writes checkpoints (no other training may write there)"
+    )
 
 
 class StageLaunch(BaseModel):
@@ -80,6 +95,9 @@ class StageLaunch(BaseModel):
     hccl_if_base_port: int | None = Field(default=None, description="NPU hosts: this job's HCCL port base")
     nproc_per_node: int | None
     checked: list[str] = Field(default_factory=list, description="inputs found in place before launch")
+    save_path: str | None = Field(
+        default=None, description="train: where it writes checkpoints (recorded there as this job's)"
+    )
     supervisor_pid: int | None = None
     pgid: int | None = Field(default=None, description="process group of the stage, once started")
     log: str | None = None
@@ -153,9 +171,7 @@ class JobReport(BaseModel):
 class JobStatusRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    run_id: str = Field(
-        pattern=RUN_ID_PATTERN, description="id from extract_features/launch_training/convert"
-    )
+    run_id: RunId = Field(description="id from extract_features/launch_training/convert")
     log_lines: int = Field(default=20, ge=0, le=500, description="last lines of the log to include")
 
 
@@ -186,6 +202,11 @@ class JobStatus(BaseModel):
     supervisor_pid: int
     pgid: int | None = None
     pids: list[int] = Field(default_factory=list, description="processes of the run still alive")
+    orphans: list[int] = Field(
+        default_factory=list,
+        description="stage processes still running although the supervisor is gone (state killed): they "
+        "keep the job's lock until stop_job stops them",
+    )
     started: str
     finished: str | None = None
     run_dir: str
@@ -202,7 +223,7 @@ class JobList(BaseModel):
 class TailRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    run_id: RunId
     lines: int = Field(default=100, ge=1, le=500, description="last lines of the log (at most 500)")
 
 
@@ -216,7 +237,7 @@ class LogTail(BaseModel):
 class StopJobRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    run_id: RunId
     confirm: bool = Field(default=False, description="false: dry run (say what would be signalled)")
     timeout_s: float = Field(default=10.0, gt=0, le=300, description="wait after SIGTERM before SIGKILL")
 

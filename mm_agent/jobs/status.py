@@ -77,7 +77,12 @@ def _model(cls: type[M], path: Path) -> M | None:
 
 
 def stage_processes(record: StageRecord) -> list[psutil.Process]:
-    """The stage's live processes: its group plus the recorded ones that left it (torchrun's workers)."""
+    """The stage's live processes: its group plus the recorded ones that left it (torchrun's workers).
+
+    Nothing survives a reboot: a stage started before it has no processes, whatever now holds its old
+    group id (which a leaderless group of strangers could have taken since)."""
+    if record.leader.create_time < psutil.boot_time():
+        return []
     try:
         group = procs.group_members(record.pgid, record.leader.create_time)
     except MMAgentError:  # the group id now belongs to someone else: none of it is ours
@@ -147,9 +152,15 @@ def _from_run(run: RunStatus) -> JobStatus:
         if run.state in ("running", "killed"):  # a finished supervisor left nothing behind
             status.pids = [p.pid for p in stage_processes(record)]
     if run.state == "killed" and status.pids:
+        # Orphans: the ranks keep training (and hold the job, its ports and its save_path) unwatched.
+        status.orphans = list(status.pids)
+        status.message = (
+            f"the supervisor was killed but {len(status.orphans)} stage process(es) still run unwatched "
+            f"(PIDs {', '.join(map(str, status.orphans))}); the job cannot be launched again until they stop"
+        )
         status.stop_hint = (
             f"the supervisor is gone but {len(status.pids)} stage process(es) still run: "
-            f"`mm-agent stop {run.run_id} --yes`"
+            f"`mm-agent stop {run.run_id} --yes` (stop_job with confirm=true) stops them"
         )
     return status
 

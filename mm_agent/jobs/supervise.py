@@ -222,14 +222,16 @@ class Supervisor:
             if self.reader.poll():
                 self._write_progress()
             follower.poll()
-            if self.stopped_by is None and follower.ctx.seen("primary", "fatal"):
+            # A requested stop wins over the watchdog: the signals it sends reach the log as death
+            # signals, which must not turn a stop into a failure.
+            if self.stopped_by is None and (self.terminated or (self.run_dir / STOP_FILE).exists()):
+                self.stopped_by = "user"
+                self._stop_stage("stop requested")
+            elif self.stopped_by is None and follower.ctx.seen("primary", "fatal"):
                 self.cause = root_cause(follower.report("watchdog: stopped at the first fatal root cause"))
                 self.stopped_by = "watchdog"
                 title = self.cause.title if self.cause else "a fatal error"
                 self._stop_stage(f"watchdog: {title}")
-            elif self.stopped_by is None and (self.terminated or (self.run_dir / STOP_FILE).exists()):
-                self.stopped_by = "user"
-                self._stop_stage("stop requested")
             if polls % PROCESS_SCAN_EVERY == 0:  # a process-table walk: not every poll
                 self._refresh_record()
                 self._reap_orphans(proc.pid)
