@@ -5,6 +5,10 @@ from `registry/data/vocabulary.yaml`. Matching runs on a "compact" form of the t
 spaces/hyphens/underscores/dots dropped) so "Wan-2.1", "wan 2.1" and "WAN21" agree, while boundary rules
 keep "wan2.1" from matching inside "wan2.12" and "sft" from matching inside "microsoft". Each match consumes
 its text, longest first, so "image-to-video" is never also read as the family word "image".
+
+Every pass is linear in the request (a 300 K-character request once stalled the server for 45 s): no regex
+can restart a scan from every position of a long run, and no match looks back further than a word.
+`benchmarks/route_scaling.py` measures it; the request model caps the text besides.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.fields import REQUEST_CHARS, Name
 from mm_agent.jobspec import Runtime, bundled_refusal
 from mm_agent.pipeline import PipelineStage, build_pipeline
 from mm_agent.registry import DATA_DIR, Registry, get_registry
@@ -27,6 +32,9 @@ from mm_agent.registry.schema import Family, ModelEntry, SizeSpec, TaskId, TaskS
 
 MAX_CANDIDATES = 5
 _SEPARATORS = frozenset(" \t\n\r-_.")
+# An HF id ("qwen/qwen2.5-vl-7b-instruct") starts only where a run of id characters starts: anchored so, a
+# run without a slash is scanned once instead of once per position in it (which was quadratic).
+_HF_ID = re.compile(r"(?<![a-z0-9._-])[._-]*([a-z0-9][a-z0-9._-]*/[a-z0-9._-]*[a-z0-9])")
 
 
 class _Strict(BaseModel):
@@ -68,10 +76,12 @@ def load_vocabulary() -> Vocabulary:
 
 
 class RouteRequest(_Strict):
-    text: str = ""
-    model: str | None = Field(default=None, description="model id, alias or HF id; overrides the text")
-    task: str | None = Field(default=None, description="task id or task phrase; overrides the text")
-    mm_version: str | None = None
+    text: str = Field(
+        default="", max_length=REQUEST_CHARS, description="the request in words (a sentence or two)"
+    )
+    model: Name | None = Field(default=None, description="model id, alias or HF id; overrides the text")
+    task: Name | None = Field(default=None, description="task id or task phrase; overrides the text")
+    mm_version: Name | None = None
     npus: int | None = Field(default=None, ge=1, description="total NPUs")
     nodes: int | None = Field(default=None, ge=1)
     runtime: Runtime = Field(
@@ -135,13 +145,15 @@ def _ascii_alnum(ch: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _compact(phrase: str) -> tuple[str, tuple[str, ...]]:
-    """Phrase without separators, plus the separators that preceded each kept character."""
+    """Phrase without separators, plus what separated each kept character from the one before: "" (none),
+    "." (a run holding a dot) or " " (other separators). The matcher asks only those two questions, so a
+    run of any length is summed up once here instead of being rescanned at every match beside it."""
     chars: list[str] = []
     gaps: list[str] = []
     gap = ""
     for ch in normalize(phrase):
         if ch in _SEPARATORS:
-            gap += ch
+            gap = "." if ch == "." or gap == "." else " "
         else:
             chars.append(ch)
             gaps.append(gap)
@@ -292,12 +304,24 @@ def _parse_version(t: _Text, reg: Registry, vocab: Vocabulary) -> str | None:
         t.consume_norm(m.start(), m.end())
         return version
     packages = {normalize(w) for w in vocab.not_version_after}
+    longest = max(map(len, packages), default=0)
     for m in re.finditer(rf"(?<![a-z0-9.=<>~])v?(\d+\.\d+\.\d+|master){after}", t.masked()):
-        before = t.norm[: m.start()].split()
-        if m.group(1) in reg.versions.ids and not (before and before[-1].rstrip(":") in packages):
+        before = _word_before(t.norm, m.start(), longest)
+        if m.group(1) in reg.versions.ids and before not in packages:
             t.consume_norm(m.start(), m.end())
             return m.group(1)
     return None
+
+
+def _word_before(norm: str, at: int, longest: int) -> str:
+    """The whitespace-separated word that ends at (or one space before) `at` in normalised text, trailing
+    ":" removed; "" when it is longer than `longest`. Only short words (package names) are looked for, so
+    this never scans back further than the colons right before `at` and `longest` characters."""
+    end = at - 1 if at > 0 and norm[at - 1] == " " else at
+    while end > 0 and norm[end - 1] == ":":
+        end -= 1
+    start = norm.rfind(" ", max(0, end - longest - 1), end) + 1
+    return norm[start:end] if end - start <= longest else ""
 
 
 def _number(token: str, vocab: Vocabulary) -> int | None:
@@ -309,20 +333,24 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
     p = _Parse(text=_Text(text))
     t = p.text
     phrases = _task_phrases(vocab)
+    by_word: dict[str, list[TaskWords]] = {}
+    for w, tw in phrases:
+        by_word.setdefault(_compact(w)[0], []).append(tw)
     index = _hf_index(reg)
-    for hf in re.finditer(r"[a-z0-9][a-z0-9._-]*/[a-z0-9._-]*[a-z0-9]", t.norm):
-        users = index.get(hf.group(0))
+    for hf in _HF_ID.finditer(t.norm):
+        hf_id = hf.group(1)
+        users = index.get(hf_id)
         if not users:
             continue
-        t.consume_norm(hf.start(), hf.end())
-        p.hf_ids.append(hf.group(0))
+        t.consume_norm(hf.start(1), hf.end(1))
+        p.hf_ids.append(hf_id)
         for model_id, size_id, owner in users:
             if owner:
                 _add(p.models, model_id)
             if size_id:
                 p.hf_size.setdefault(model_id, size_id)
-        for token in re.split(r"[/_-]", hf.group(0)):
-            p.tasks += [tw for w, tw in phrases if _compact(w)[0] == _compact(token)[0]]
+        for token in re.split(r"[/_-]", hf_id):
+            p.tasks += by_word.get(_compact(token)[0], [])
 
     p.version = _parse_version(t, reg, vocab)
 

@@ -277,3 +277,12 @@ def test_readme_lists_every_category() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     missing = [c for c in CATEGORIES if f"`{c}`" not in readme]
     assert not missing, f"README.md does not list categories {missing}"
+
+
+def test_yields_to_must_name_a_rule_of_the_catalog(tmp_path: Path) -> None:
+    path = _write(tmp_path, "boom_rule")
+    path.write_text(path.read_text(encoding="utf-8") + "yields_to: [no_such_rule]\n", encoding="utf-8")
+    with pytest.raises(MMAgentError) as info:
+        load_catalog(tmp_path)
+    assert (info.value.file, info.value.field) == (str(path), "yields_to.0")
+    assert "no_such_rule" in info.value.message and info.value.fix

@@ -20,6 +20,7 @@ from mm_agent.diagnose.rootcause import build_report
 from mm_agent.diagnose.scan import ScanContext
 from mm_agent.diagnose.schema import DiagnosisReport, Evidence, Finding, Progress
 from mm_agent.errors import MMAgentError
+from mm_agent.fields import LOG_TEXT_CHARS, MAX_PATHS, Name, PathText
 
 __all__ = [
     "DiagnoseRequest",
@@ -36,12 +37,17 @@ __all__ = [
 class DiagnoseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    paths: list[str] = Field(
+    paths: list[PathText] = Field(
         default_factory=list,
+        max_length=MAX_PATHS,
         description="log files and/or directories (walked recursively, .gz read too); on the CLI `-` is stdin",
     )
-    text: str | None = Field(default=None, description="raw log text, for callers that hold the log itself")
-    run_id: str | None = Field(
+    text: str | None = Field(
+        default=None,
+        max_length=LOG_TEXT_CHARS,
+        description="raw log text, for callers that hold the log itself",
+    )
+    run_id: Name | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
         description="a run mm-agent started (job_status / mm-agent jobs): its log in mm-agent's state dir",

@@ -95,7 +95,18 @@ def load_catalog(directory: Path | None = None) -> tuple[CompiledSignature, ...]
     files = sorted(folder.glob("*.yaml"))
     if not files:
         raise MMAgentError("no signature files found", file=str(folder), fix="reinstall mm-agent")
-    return tuple(load_signature(p) for p in files)
+    catalog = tuple(load_signature(p) for p in files)
+    ids = {entry.sig.id for entry in catalog}
+    for path, entry in zip(files, catalog, strict=True):
+        for i, other in enumerate(entry.sig.yields_to):
+            if other not in ids:
+                raise MMAgentError(
+                    f"rule {entry.sig.id}: yields_to names {other!r}, which is not in the catalog",
+                    file=str(path),
+                    field=f"yields_to.{i}",
+                    fix="name the id of a signature file in the same folder, or drop the entry",
+                )
+    return catalog
 
 
 @functools.cache

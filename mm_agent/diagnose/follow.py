@@ -7,7 +7,8 @@ followed directories for new files (a rank's log or plog appearing), and returns
   * `grace` seconds after the first secondary fatal one (ChildFailedError, a comm timeout) when no primary
     came meanwhile, since the cause is often written a moment later or on another rank;
   * at `timeout`, when no input can grow any more (stdin ended), or on Ctrl-C, with what is known so far.
-A file that shrinks or is replaced (rotation) is read again from its start.
+A file that shrinks or is replaced (rotation) is read again from its start. Files are opened as
+`reader.py` opens them (regular files only, re-checked against the workspace after the open), every poll.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mm_agent.diagnose.rootcause import build_report
 from mm_agent.diagnose.scan import FileScan, ScanContext
 from mm_agent.diagnose.schema import DiagnosisReport
 from mm_agent.errors import MMAgentError
+from mm_agent.paths import open_file
 
 POLL_S = 0.2
 GRACE_S = 1.0
@@ -61,7 +63,7 @@ class Follower:
             index = len(self.tails)
             scan = FileScan(self.ctx, source.name, index, rank_from_path(source.name), source.year())
             tail = self.tails[source.name] = _Tail(source, scan)
-            if source.text is not None or _is_gzip(source.path):
+            if source.text is not None or _is_gzip(source):
                 read_source(self.ctx, source, index)
                 tail.done = True
             else:
@@ -110,7 +112,7 @@ class Follower:
         if st.st_size <= tail.offset:
             return
         try:
-            with open(path, "rb") as f:
+            with open_file(path, tail.source.root, "paths") as f:
                 f.seek(tail.offset)
                 while tail.offset < st.st_size:
                     data = f.read(min(BLOCK, st.st_size - tail.offset))
@@ -123,6 +125,12 @@ class Follower:
                         return
                     tail.offset += len(data)
                     tail.scan.feed(data)
+        except MMAgentError as exc:
+            if not path.exists():
+                return  # gone between the stat and the open (rotation): it may come back
+            # replaced by a FIFO or device, or by a link leading outside: stop following it
+            self.ctx.note(f"{tail.source.name}: {exc.message}; no longer followed")
+            tail.done = True
         except OSError as exc:
             self.ctx.note(f"{tail.source.name}: {exc.strerror or exc}")
 
@@ -151,13 +159,14 @@ class Follower:
         return build_report(self.ctx)
 
 
-def _is_gzip(path: Path | None) -> bool:
-    if path is None:
+def _is_gzip(source: Source) -> bool:
+    """Whether a file starts with gzip's magic; a file that cannot be opened is left to `read_source`."""
+    if source.path is None:
         return False
     try:
-        with open(path, "rb") as f:
+        with open_file(source.path, source.root, "paths") as f:
             return f.read(2) == b"\x1f\x8b"
-    except OSError:
+    except (MMAgentError, OSError):
         return False
 
 

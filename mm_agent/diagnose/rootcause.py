@@ -4,7 +4,9 @@ The rule (catalog_plan.md): the earliest primary fatal finding wins over everyth
 one, the earliest primary silent finding (random init, unconverted keys, nan loss: training went on but
 is wrong); without one, the earliest secondary symptom, preferring one with a known category over a
 generic wrapper (`unknown`: ChildFailedError, ERR0xxxx) that says only that something failed. Warnings
-are listed but never the root cause, so a log with only warnings is healthy (`category: none`).
+are listed but never the root cause, so a log with only warnings is healthy (`category: none`). A primary
+finding whose `yields_to` rules were also seen counts as their symptom: a bare SIGKILL is the cause only
+while the kernel's OOM-killer record is not among the inputs, whatever order the two were logged in.
 """
 
 from __future__ import annotations
@@ -24,17 +26,19 @@ def fill(text: str, groups: dict[str, str]) -> str:
     return _NAMED.sub(lambda m: groups.get(m.group(1), m.group(0))[:GROUP_CHARS], text)
 
 
-def _tier(rule: RuleHits) -> int | None:
+def _tier(rule: RuleHits, seen: set[str]) -> int | None:
     sig = rule.entry.sig
     if sig.effect == "warning":
         return None
-    if sig.role == "primary":
+    if sig.role == "primary" and seen.isdisjoint(sig.yields_to):
         return 0 if sig.effect == "fatal" else 1
     return 3 if sig.category == "unknown" else 2
 
 
 def pick_root(rules: Iterable[RuleHits]) -> RuleHits | None:
-    ranked = [(tier, rule.hits[0].key, rule) for rule in rules if (tier := _tier(rule)) is not None]
+    rules = list(rules)
+    seen = {rule.entry.sig.id for rule in rules}
+    ranked = [(tier, rule.hits[0].key, rule) for rule in rules if (tier := _tier(rule, seen)) is not None]
     return min(ranked, key=lambda t: (t[0], t[1]))[2] if ranked else None
 
 

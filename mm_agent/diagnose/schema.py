@@ -19,6 +19,8 @@ Category = Literal[
     "comm_timeout",
     "device_oom",
     "host_oom",
+    "killed_by_signal",  # SIGKILL/SIGTERM from outside the job with no sign of the OOM killer
+    "disk_full",
     "cann_env",
     "version_mismatch",
     "missing_dependency",
@@ -98,6 +100,11 @@ class Signature(_Frozen):
         "tested against `patterns` when it matches one of these",
     )
     patterns: list[str] = Field(min_length=1, description="Python regexes; any match = this signature")
+    yields_to: list[str] = Field(
+        default_factory=list,
+        description="rule ids that, when seen anywhere in the inputs, are the cause instead: this finding "
+        "then counts as their symptom (a bare SIGKILL yields to the kernel's OOM-killer record)",
+    )
     generic: bool = Field(
         default=False,
         description="a catch-all (e.g. any `No module named`): applies to a line only when no specific "
