@@ -19,6 +19,20 @@ def add_parser(sub: Any) -> None:
         default=os.environ.get("MM_AGENT_WORKSPACE", "."),
         help="root every tool path is confined to (default: $MM_AGENT_WORKSPACE or the current directory)",
     )
+    p.add_argument(
+        "--allow-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory outside the workspace that tool paths may also name (weights, datasets); repeatable",
+    )
+    p.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a tool call may take before it is answered with an error (default 300)",
+    )
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback only)")
     p.add_argument("--port", type=int, default=8765)
@@ -26,14 +40,27 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mm_agent.server import serve
+    from mm_agent.errors import MMAgentError
+    from mm_agent.server import TOOL_TIMEOUT_S, serve
 
     workspace = Path(args.workspace)
     if not workspace.is_dir():
-        from mm_agent.errors import MMAgentError
-
         raise MMAgentError(
             f"workspace {workspace} is not a directory", field="--workspace", fix="create it first"
         )
-    serve(workspace, "stdio" if args.transport == "stdio" else "streamable-http", args.host, args.port)
+    allowed = [Path(a).expanduser() for a in args.allow_root]
+    for extra in allowed:
+        if not extra.is_dir():
+            raise MMAgentError(
+                f"allowed root {extra} is not a directory", field="--allow-root", fix="create it first"
+            )
+    timeout = TOOL_TIMEOUT_S if args.tool_timeout is None else args.tool_timeout
+    if not timeout > 0:
+        raise MMAgentError(
+            f"--tool-timeout {args.tool_timeout:g} is not positive",
+            field="--tool-timeout",
+            fix="pass seconds > 0",
+        )
+    transport = "stdio" if args.transport == "stdio" else "streamable-http"
+    serve(workspace, transport, args.host, args.port, allow_roots=allowed, tool_timeout_s=timeout)
     return 0
