@@ -486,29 +486,3 @@ def resolve_job(
 
 
 # Rendered script -> the job-management stage that runs it (C6); names are MindSpeed-MM's.
-_STAGE_OF_SCRIPT = {
-    "feature_extract/feature_extraction.sh": "extract",
-    "pretrain.sh": "train",
-    "finetune.sh": "train",
-    "train.sh": "train",
-    "launch.sh": "train",
-    "inference.sh": "sample",
-}
-
-
-def stage_scripts(spec: JobSpec, *, base: Path | None = None) -> dict[str, str]:
-    """{"extract"|"train"|"sample": script path relative to the job dir} for the stages this job has.
-
-    The job is rendered (in memory) to answer, so the names are exactly the files `render_job` writes,
-    for either runtime. `base` is the folder relative paths in the spec are resolved against (the MCP
-    workspace, which then also confines what is read).
-    """
-    from mm_agent.render import render_files  # render builds on this module
-
-    job = resolve_job(spec, (base or Path.cwd()) / ".stage-scripts", base=base, root=base)
-    files = render_files(job)
-    found: dict[str, str] = {}
-    for rel, stage in _STAGE_OF_SCRIPT.items():
-        if rel in files:
-            found.setdefault(stage, rel)
-    return found

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
+from jinja2 import TemplateError
 from pydantic import BaseModel, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
@@ -25,6 +23,7 @@ from mm_agent.fields import PathText
 from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
 from mm_agent.jobwrite import write_job
 from mm_agent.paths import confine, read_file, resolve, roots_of
+from mm_agent.templating import jinja_environment, templates_dir
 
 JOB_FILE = "job.yaml"
 MAX_JOB_YAML = 256 * 1024  # a job.yaml is a few hundred bytes
@@ -62,39 +61,6 @@ class RenderResult(BaseModel):
     )
     files: list[RenderedFile]
     next_steps: list[str]
-
-
-def templates_dir() -> Path:
-    """Source checkout layout: <repo>/templates next to mm_agent/ (override with MM_AGENT_TEMPLATES)."""
-    override = os.environ.get("MM_AGENT_TEMPLATES")
-    path = Path(override) if override else Path(__file__).resolve().parent.parent / "templates"
-    if not path.is_dir():
-        raise MMAgentError(
-            f"template folder not found at {path}",
-            fix="install mm-agent from its checkout (pip install -e .)",
-        )
-    return path
-
-
-@lru_cache(maxsize=4)
-def jinja_environment(root: str, comments: tuple[str, str] = ("{#", "#}")) -> Environment:
-    """The one Jinja setup for every rendered file: strict undefined, `q` = shlex.quote. Templates full of
-    bash `${#array[@]}` pass other comment delimiters, since `{#` would open a Jinja comment."""
-    env = Environment(
-        loader=FileSystemLoader(root),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-        comment_start_string=comments[0],
-        comment_end_string=comments[1],
-    )
-    env.filters["q"] = lambda v: shlex.quote(str(v))
-    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
-    env.filters["dirname"] = lambda v: str(Path(str(v)).parent)
-    env.filters["toyaml"] = lambda v: yaml.safe_dump(v, sort_keys=False, allow_unicode=True).rstrip("\n")
-    return env
 
 
 def _kind(path: str) -> Literal["shell", "json", "yaml", "text"]:
@@ -310,3 +276,29 @@ def load_job_spec(path: Path, root: Path | None = None) -> JobSpec:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
         raise spec_error(exc, str(path)) from exc
+
+
+_STAGE_OF_SCRIPT = {
+    "feature_extract/feature_extraction.sh": "extract",
+    "pretrain.sh": "train",
+    "finetune.sh": "train",
+    "train.sh": "train",
+    "launch.sh": "train",
+    "inference.sh": "sample",
+}
+
+
+def stage_scripts(spec: JobSpec, *, base: Path | None = None) -> dict[str, str]:
+    """{"extract"|"train"|"sample": script path relative to the job dir} for the stages this job has.
+
+    The job is rendered (in memory) to answer, so the names are exactly the files `render_job` writes,
+    for either runtime. `base` is the folder relative paths in the spec are resolved against (the MCP
+    workspace, which then also confines what is read).
+    """
+    job = resolve_job(spec, (base or Path.cwd()) / ".stage-scripts", base=base, root=base)
+    files = render_files(job)
+    found: dict[str, str] = {}
+    for rel, stage in _STAGE_OF_SCRIPT.items():
+        if rel in files:
+            found.setdefault(stage, rel)
+    return found

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from mm_agent import __version__
 from mm_agent.install.checks import REQUIREMENTS_SNIPPET
-from mm_agent.render import jinja_environment, templates_dir
+from mm_agent.templating import jinja_environment, templates_dir
 
 if TYPE_CHECKING:
     from mm_agent.install.plan import InstallPlan

@@ -1,7 +1,7 @@
 """A rendered job as the launcher sees it: job.yaml, the stage's script and what that script reads.
 
 Nothing is taken on trust from the caller: the script comes from the job's own stage table
-(`jobspec.stage_scripts`), must stay inside the job directory (and the workspace over MCP), and the
+(`render.stage_scripts`), must stay inside the job directory (and the workspace over MCP), and the
 values the launch depends on (MASTER_PORT, NPUS_PER_NODE, LOAD_PATH, ...) are read from the script the
 way bash would assign them (`validate.shell`). Whether the script lets the environment override a value
 (`X=${X:-default}`) decides whether the launcher may pick a port or a process count for it.
@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs.schema import Runtime, Stage
-from mm_agent.jobspec import JobSpec, resolve_job, stage_scripts
+from mm_agent.jobspec import JobSpec, resolve_job
 from mm_agent.paths import confine, inside, read_file, resolve, where
-from mm_agent.render import JOB_FILE, load_job_spec
+from mm_agent.render import JOB_FILE, load_job_spec, stage_scripts
 from mm_agent.validate.shell import parse_script
 
 # `NAME=${NAME:-default}` (optionally exported or quoted): the script takes NAME from the environment first.
