@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry import DATA_DIR, get_registry, load_models, load_versions
-from mm_agent.registry.schema import ModelEntry, ScriptRef, VersionRange
+from mm_agent.registry import DATA_DIR, get_registry, load_models, load_unregistered_examples, load_versions
+from mm_agent.registry.schema import ConverterSpec, ModelEntry, ScriptRef, SizeSpec, VersionRange
 
 # Every examples/ directory of the §4 catalog (the "(≤2.2 only)" row is out of scope) -> registry id.
 CATALOG_DIRS: dict[str, str] = {
@@ -243,6 +243,9 @@ def test_every_version_is_known(models: dict[str, ModelEntry], version_ids: list
         ranges += [d.versions for d in entry.deps]
         ranges += [ref.versions for _, _, ref in _scripts(entry)]
         ranges += [t.feature_extraction.versions for t in entry.tasks if t.feature_extraction]
+        ranges += [rng for s in entry.sizes for rng in s.config_file_versions.values()]
+        if entry.converter is not None:
+            ranges += [entry.converter.versions, *entry.converter.method_versions.values()]
         for rng in ranges:
             assert rng.since in known, f"{entry.id}: {rng.since}"
             assert rng.until is None or rng.until in version_ids, f"{entry.id}: {rng.until}"
@@ -452,3 +455,68 @@ def test_empty_models_dir_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     with pytest.raises(MMAgentError):
         load_models(tmp_path)
+
+
+# ------------------------------------------------------------------------- version-scoped files and methods
+
+
+def test_config_file_versions_scope_roles() -> None:
+    size = SizeSpec.model_validate(
+        {
+            "id": "5b",
+            "config_files": {"model": "examples/m/model.json", "fsdp2": "examples/m/5B/fsdp2.yaml"},
+            "config_file_versions": {"fsdp2": {"since": "2.3.0"}},
+            "versions": {"since": "2.2.0"},
+        }
+    )
+    assert size.config_files_at("2.1.0") == {}
+    assert size.config_files_at("2.2.0") == {"model": "examples/m/model.json"}
+    assert size.config_files_at("26.0.0") == size.config_files
+    with pytest.raises(ValueError, match="not config_files roles"):
+        SizeSpec.model_validate({"id": "5b", "config_files": {}, "config_file_versions": {"fsdp2": {}}})
+    wan22 = get_registry().get("wan2.2").size("a14b")
+    assert wan22 is not None
+    assert wan22.config_files_at("2.2.0")["fsdp2_shared"] == "examples/wan2.2/fsdp2_config.yaml"
+    assert "fsdp2_shared" not in wan22.config_files_at("26.0.0")
+
+
+def test_converter_method_versions() -> None:
+    base = {"class": "C", "methods": ["hf_to_mm", "lora_hf_to_mm"], "target_format": "mm"}
+    base |= {"to_training": "hf_to_mm", "arg_style": "cfg", "versions": {"since": "2.2.0"}}
+    conv = ConverterSpec.model_validate(base | {"method_versions": {"lora_hf_to_mm": {"since": "2.3.0"}}})
+    assert conv.has_method("hf_to_mm", "2.2.0") and not conv.has_method("hf_to_mm", "2.1.0")
+    assert not conv.has_method("lora_hf_to_mm", "2.2.0") and conv.has_method("lora_hf_to_mm", "master")
+    assert not conv.has_method("mm_to_hf", "26.0.0")
+    with pytest.raises(ValueError, match="not in methods"):
+        ConverterSpec.model_validate(base | {"method_versions": {"nope": {}}})
+    with pytest.raises(ValueError, match="narrow the converter's versions"):
+        ConverterSpec.model_validate(base | {"method_versions": {"hf_to_mm": {"since": "2.3.0"}}})
+    qwen25 = get_registry().get("qwen2.5vl").converter
+    assert qwen25 is not None and not qwen25.has_method("hf_to_mm_ldt", "26.0.0")
+    assert qwen25.has_method("hf_to_mm_ldt", "26.1.0")
+    assert get_registry().get("stepvideo").converter.cli_registered is False  # type: ignore[union-attr]
+
+
+def test_unregistered_examples_are_not_models(models: dict[str, ModelEntry]) -> None:
+    dirs = load_unregistered_examples()
+    model_dirs = {entry.example_dir for entry in models.values()}
+    assert {d.dir for d in dirs}.isdisjoint(model_dirs)
+    containers = {d.dir for d in dirs if d.kind == "container"}
+    for entry in models.values():
+        parent = entry.example_dir.rsplit("/", 1)[0]
+        assert parent == "examples" or parent in containers, f"{entry.id}: {parent} is not a container"
+
+
+def test_unregistered_examples_errors_name_file_and_field(tmp_path: Path) -> None:
+    (tmp_path / "versions.yaml").write_text((DATA_DIR / "versions.yaml").read_text(encoding="utf-8"))
+    raw = yaml.safe_load((DATA_DIR / "unregistered_examples.yaml").read_text(encoding="utf-8"))
+    raw["dirs"][1]["versions"] = {"since": "2.9.0"}
+    target = tmp_path / "unregistered_examples.yaml"
+    target.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(MMAgentError) as err:
+        load_unregistered_examples(tmp_path)
+    assert "unregistered_examples.yaml" in str(err.value) and err.value.field == "dirs.1.versions"
+    raw["dirs"][1] = dict(raw["dirs"][0])
+    target.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(MMAgentError, match="duplicate dirs"):
+        load_unregistered_examples(tmp_path)

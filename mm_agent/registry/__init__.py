@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry.schema import ModelEntry, VersionTable
+from mm_agent.registry.schema import ModelEntry, UnregisteredExample, UnregisteredExamples, VersionTable
 
 DATA_DIR = Path(__file__).with_name("data")
 
@@ -76,6 +76,26 @@ def load_versions(data_dir: Path | None = None) -> VersionTable:
         raise validation_error(path, exc) from exc
 
 
+def load_unregistered_examples(data_dir: Path | None = None) -> list[UnregisteredExample]:
+    """The `examples/` directories that deliberately have no model file (unregistered_examples.yaml)."""
+    path = (data_dir or DATA_DIR) / "unregistered_examples.yaml"
+    try:
+        table = UnregisteredExamples.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise validation_error(path, exc) from exc
+    known = set(load_versions(data_dir).ids)
+    for i, item in enumerate(table.dirs):
+        for v in (item.versions.since, item.versions.until):
+            if v is not None and v not in known:
+                raise MMAgentError(
+                    f"unknown MindSpeed-MM version {v!r}",
+                    file=str(path),
+                    field=f"dirs.{i}.versions",
+                    fix=f"use one of {sorted(known)}",
+                )
+    return table.dirs
+
+
 class Registry:
     """Loaded registry: models by id plus the MindSpeed-MM version table."""
 
@@ -88,6 +108,10 @@ class Registry:
         known = set(self.versions.ids)
         for entry in self.models.values():
             ranges = [entry.versions, *(t.versions for t in entry.tasks), *(d.versions for d in entry.deps)]
+            ranges += [s.versions for s in entry.sizes]
+            ranges += [rng for s in entry.sizes for rng in s.config_file_versions.values()]
+            if entry.converter is not None:
+                ranges += [entry.converter.versions, *entry.converter.method_versions.values()]
             for rng in ranges:
                 for v in (rng.since, rng.until):
                     if v is not None and v not in known and v != "1.0.0":

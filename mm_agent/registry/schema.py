@@ -108,13 +108,39 @@ class ConverterSpec(_Frozen):
     to_hf: str | None = Field(default=None, description="method that exports trained weights back to HF")
     arg_style: Literal["cfg", "flat"] = Field(description="`--cfg.*` (pydantic cfg) or flat flags")
     init_args: dict[str, str] = Field(default_factory=dict, description="e.g. {version: t2v}")
+    versions: VersionRange = Field(
+        default=VersionRange(), description="MindSpeed-MM versions whose checkpoint/ defines the class"
+    )
+    method_versions: dict[str, VersionRange] = Field(
+        default_factory=dict,
+        description="methods added or removed inside the class's range (method -> versions that have it)",
+    )
+    cli_registered: bool = Field(
+        default=True,
+        description="False: MindSpeed-MM's checkpoint/__init__.py never imports the class's module, so "
+        "`mm-convert <class>` cannot find it (the README's command fails) and the module must be imported first",
+    )
 
     @model_validator(mode="after")
     def _methods_exist(self) -> ConverterSpec:
-        for name in (self.to_training, self.to_hf):
+        for name in (self.to_training, self.to_hf, *self.method_versions):
             if name is not None and name not in self.methods:
                 raise ValueError(f"converter method {name!r} is not in methods {self.methods}")
+        if self.to_training in self.method_versions:
+            raise ValueError(
+                f"to_training method {self.to_training!r} must exist wherever the converter does: "
+                "narrow the converter's versions instead of listing it in method_versions"
+            )
         return self
+
+    def has_method(self, name: str, version: str) -> bool:
+        """Whether MindSpeed-MM `version` offers `name` on this converter."""
+        rng = self.method_versions.get(name)
+        return (
+            name in self.methods
+            and self.versions.contains(version)
+            and (rng is None or rng.contains(version))
+        )
 
 
 class Parallel(_Frozen):
@@ -154,7 +180,29 @@ class SizeSpec(_Frozen):
         default_factory=dict,
         description="stock config files in the MindSpeed-MM checkout this size is rendered from (role -> path)",
     )
+    config_file_versions: dict[str, VersionRange] = Field(
+        default_factory=dict,
+        description="roles whose file ships in only part of the size's range (role -> versions that have it)",
+    )
     versions: VersionRange = VersionRange()
+
+    @model_validator(mode="after")
+    def _ranged_roles_exist(self) -> SizeSpec:
+        unknown = sorted(set(self.config_file_versions) - set(self.config_files))
+        if unknown:
+            raise ValueError(
+                f"config_file_versions names {unknown}, which are not config_files roles {sorted(self.config_files)}"
+            )
+        return self
+
+    def config_files_at(self, version: str) -> dict[str, str]:
+        """The config files (role -> path) that MindSpeed-MM `version` ships for this size."""
+        return {
+            role: path
+            for role, path in self.config_files.items()
+            if self.versions.contains(version)
+            and (role not in self.config_file_versions or self.config_file_versions[role].contains(version))
+        }
 
 
 class TaskSpec(_Frozen):
@@ -163,6 +211,12 @@ class TaskSpec(_Frozen):
     template: TemplateSet
     entry_script: ScriptRef
     example_script: str | None = Field(default=None, description="stock launch script in examples/")
+    readme_section: str | None = Field(
+        default=None,
+        min_length=2,
+        description="heading of the model's examples README whose steps turn example_script into this task "
+        "(e.g. LoRA arguments added to the SFT script); None: the script alone is the task",
+    )
     inference_script: ScriptRef | None = None
     feature_extraction: FeatureExtraction | None = None
     sizes: list[str] | None = Field(default=None, description="sizes this task exists for; None = all")
@@ -315,6 +369,32 @@ class ModelEntry(_Frozen):
 
     def deps_for(self, version: str) -> DepsOverlay | None:
         return next((d for d in self.deps if d.versions.contains(version)), None)
+
+
+class UnregisteredExample(_Frozen):
+    """An `examples/` directory of some MindSpeed-MM version that deliberately has no model file, and why."""
+
+    dir: str = Field(
+        pattern=r"^examples/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$",
+        description="path from the MindSpeed-MM root",
+    )
+    kind: Literal["container", "not-a-model", "retired"] = Field(
+        description="container: its sub-folders are the models (diffusers/); not-a-model: a backend, plugin or "
+        "tooling folder; retired: a model MindSpeed-MM dropped before the registry's default version"
+    )
+    versions: VersionRange = Field(description="the versions whose examples/ have it")
+    reason: str = Field(min_length=20)
+
+
+class UnregisteredExamples(_Frozen):
+    dirs: list[UnregisteredExample] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> UnregisteredExamples:
+        names = [d.dir for d in self.dirs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate dirs in {sorted(n for n in names if names.count(n) > 1)}")
+        return self
 
 
 class VersionInfo(_Frozen):
