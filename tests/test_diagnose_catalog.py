@@ -286,3 +286,44 @@ def test_yields_to_must_name_a_rule_of_the_catalog(tmp_path: Path) -> None:
         load_catalog(tmp_path)
     assert (info.value.file, info.value.field) == (str(path), "yields_to.0")
     assert "no_such_rule" in info.value.message and info.value.fix
+
+
+# --- upstream citations: where the framework writes the message (checked against the source in tests/fidelity) ---
+
+
+def test_an_upstream_citation_loads(tmp_path: Path) -> None:
+    path = _write(tmp_path, "boom_rule")
+    citation = '  - {repo: Megatron-LM, file: megatron/training/arguments.py, text: "assert args.micro_batch_size"}\n'
+    path.write_text(path.read_text(encoding="utf-8") + "upstream:\n" + citation, encoding="utf-8")
+    (entry,) = load_catalog(tmp_path)
+    assert [(u.repo, u.file) for u in entry.sig.upstream] == [
+        ("Megatron-LM", "megatron/training/arguments.py")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("citation", "field"),
+    [
+        (
+            '{repo: Megatron-LM, file: /megatron/training/arguments.py, text: "assert args.x is None"}',
+            "upstream.0.file",
+        ),
+        ('{repo: Megatron-LM, file: megatron/../setup.py, text: "assert args.x is None"}', "upstream.0.file"),
+        ('{repo: NeMo, file: nemo/arguments.py, text: "assert args.x is None"}', "upstream.0.repo"),
+        (
+            '{repo: MindSpeed, file: mindspeed/arguments.py, text: " assert args.x is None"}',
+            "upstream.0.text",
+        ),
+        ('{repo: MindSpeed, file: mindspeed/arguments.py, text: "assert"}', "upstream.0.text"),
+        ("{repo: MindSpeed, file: mindspeed/arguments.py}", "upstream.0.text"),
+    ],
+    ids=["absolute-file", "dotdot-file", "unknown-repo", "padded-text", "short-text", "no-text"],
+)
+def test_bad_upstream_citation_names_the_field(tmp_path: Path, citation: str, field: str) -> None:
+    path = _write(tmp_path, "boom_rule")
+    path.write_text(path.read_text(encoding="utf-8") + f"upstream:\n  - {citation}\n", encoding="utf-8")
+    with pytest.raises(MMAgentError) as info:
+        load_catalog(tmp_path)
+    assert info.value.file == str(path)
+    assert field in f"{info.value.field} {info.value.message}"
+    assert info.value.fix

@@ -87,6 +87,43 @@ class Examples(_Frozen):
     )
 
 
+UpstreamRepo = Literal["MindSpeed-MM", "MindSpeed", "Megatron-LM"]
+
+
+class UpstreamSource(_Frozen):
+    """Where the message a signature matches is written in the framework's own source."""
+
+    repo: UpstreamRepo = Field(description="the project whose source writes the message")
+    file: str = Field(
+        min_length=1,
+        max_length=300,
+        description="path inside that project's tree, e.g. megatron/training/arguments.py",
+    )
+    text: str = Field(
+        min_length=8,
+        max_length=300,
+        description="a literal fragment of the message (or of the source line a traceback shows) as the "
+        "file spells it, `{}`/`%s` placeholders included",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _relative_path(cls, value: str) -> str:
+        parts = value.split("/")
+        if value.startswith("/") or "\\" in value or any(part in {"", ".", ".."} for part in parts):
+            raise ValueError(
+                "file must be a relative POSIX path inside the project's tree (no '..', no '//')"
+            )
+        return value
+
+    @field_validator("text")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if "\n" in value or value != value.strip():
+            raise ValueError("text must be one line without surrounding spaces, copied from the source file")
+        return value
+
+
 class Signature(_Frozen):
     id: str = Field(description="stable rule id = file stem, lower_snake_case")
     category: Category
@@ -115,6 +152,11 @@ class Signature(_Frozen):
     env_vars: list[str] = Field(default_factory=list, description="environment variables worth citing")
     docs: list[str] = Field(default_factory=list, description="where this is documented (URL or repo path)")
     examples: Examples
+    upstream: list[UpstreamSource] = Field(
+        default_factory=list,
+        description="where MindSpeed-MM, MindSpeed or Megatron-LM write the matched message; the fidelity "
+        "tests check each fragment against the real source (tests/fidelity/test_signatures_upstream.py)",
+    )
 
     @field_validator("id")
     @classmethod
