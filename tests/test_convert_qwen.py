@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from mm_agent.convert import ops  # noqa: E402
 from mm_agent.convert.engine import execute  # noqa: E402
 from mm_agent.convert.manifest import MANIFEST, read_manifest  # noqa: E402
-from mm_agent.convert.mapping import Transform  # noqa: E402
+from mm_agent.convert.mapping import MAPPINGS_DIR, Transform, load_mapping  # noqa: E402
 from mm_agent.convert.plan import plan_conversion  # noqa: E402
 from mm_agent.convert.schema import ConvertReport, ConvertRequest  # noqa: E402
 from mm_agent.convert.vlm import Dims, check_heads, load_table  # noqa: E402
@@ -319,6 +319,44 @@ def test_tied_embeddings(models: dict[str, Path], tmp_path: Path) -> None:
     report = convert("mm_to_hf", tmp_path / "pp2", tmp_path / "hf", hf_dir=str(models["tied"]))
     assert [c.source for c in report.keys_dropped] == ["text_decoder.output_layer.weight"]
     assert_same_weights(models["tied"], tmp_path / "hf")
+
+
+def test_rank_files_list_tensors_in_mindspeed_mm_order(models: dict[str, Path], tmp_path: Path) -> None:
+    """MindSpeed-MM's operators pop the keys they consume and append what they make, in the order they run
+    (ViT gate/up weight then bias merges, ViT down_proj rename, the big rename, LLM gate/up, q/k/v weight,
+    q/k/v bias; TieOp last): the order below is worked out from its operator list, not from the table."""
+    convert("hf_to_mm", models["plain"], tmp_path / "mm", pp_layers=[1, 3], vit_pp_layers=[2, 0])
+    first = list(rank(tmp_path / "mm", "mp_rank_00_000")["model"])
+    assert first[:9] == [
+        f"{VIT}0.mlp.linear_fc1.weight", f"{VIT}1.mlp.linear_fc1.weight",
+        f"{VIT}0.mlp.linear_fc1.bias", f"{VIT}1.mlp.linear_fc1.bias",
+        f"{VIT}0.mlp.linear_fc2.bias", f"{VIT}0.mlp.linear_fc2.weight",
+        f"{VIT}1.mlp.linear_fc2.bias", f"{VIT}1.mlp.linear_fc2.weight",
+        "text_decoder.embedding.word_embeddings.weight",
+    ]  # fmt: skip
+    assert first[-3:] == [
+        f"{LLM}0.mlp.linear_fc1.weight",
+        f"{LLM}0.self_attention.linear_qkv.weight",
+        f"{LLM}0.self_attention.linear_qkv.bias",
+    ]
+    convert("hf_to_mm", models["tied"], tmp_path / "tied", pp_layers=[2, 2], vit_pp_layers=[2, 0])
+    assert list(rank(tmp_path / "tied", "mp_rank_00_001")["model"])[-1] == "text_decoder.output_layer.weight"
+
+
+def test_upstream_steps_are_checked_at_load(tmp_path: Path) -> None:
+    good = (MAPPINGS_DIR / f"{QWEN}.yaml").read_text()
+    assert load_mapping(QWEN).upstream_ops[0].kind == "merge"
+    cases = {  # a merge step of two transforms; a transform without a step; a step out of range
+        "    upstream_step: 1\n": ("    upstream_step: 0\n", "a merge step is one transform"),
+        ", upstream_step: 3}": ("}", "upstream_step must index upstream_ops"),
+        "    upstream_step: 5\n": ("    upstream_step: 9\n", "upstream_step must index upstream_ops"),
+    }
+    for i, (old, (new, message)) in enumerate(cases.items()):
+        assert old in good, old
+        (tmp_path / str(i)).mkdir()  # a directory per case: load_mapping caches by (converter, directory)
+        (tmp_path / str(i) / f"{QWEN}.yaml").write_text(good.replace(old, new, 1))
+        with pytest.raises(MMAgentError, match=message):
+            load_mapping(QWEN, tmp_path / str(i))
 
 
 def test_newer_transformers_names_convert_the_same(models: dict[str, Path], tmp_path: Path) -> None:

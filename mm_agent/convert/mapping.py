@@ -28,6 +28,7 @@ from mm_agent.errors import MMAgentError
 from mm_agent.registry import read_yaml, validation_error
 
 MAPPINGS_DIR = Path(__file__).with_name("mappings")
+DEVIATIONS_STEM = "upstream_deviations"  # mappings/upstream_deviations.yaml is not a table (deviations.py)
 
 
 class _Strict(BaseModel):
@@ -61,6 +62,13 @@ class Transform(_Strict):
         "None: every rank holds it whole",
     )
 
+    upstream_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="index in the table's `upstream_ops` of the MindSpeed-MM operator that puts this tensor's "
+        "key in its state dict (which fixes where the key sits in the rank files)",
+    )
+
     @model_validator(mode="after")
     def _wildcards(self) -> Transform:
         count = self.mm.count("*")
@@ -81,6 +89,16 @@ class Modality(_Strict):
     pp_field: Literal["pp_layers", "vit_pp_layers"] = Field(description="request field with its split")
     first: list[str] = Field(description="MM name prefixes kept on its first stage")
     last: list[str] = Field(description="MM name prefixes kept on its last stage")
+
+
+class UpstreamOp(_Strict):
+    """One operator of MindSpeed-MM's converter, in the order it runs. `merge` (a MergeOp: UpGateMergeOp,
+    QKVMergeOp) pops its inputs and appends the merged key layer by layer; `rename` (a RenameOp) pops every
+    key it renames and appends the new name, in the state dict's current order. Operators that change values
+    in place (RelocateOp) move no key and need no entry."""
+
+    kind: Literal["merge", "rename"]
+    op: str = Field(description="the upstream operator, for the reader")
 
 
 class Mapping(_Strict):
@@ -107,6 +125,11 @@ class Mapping(_Strict):
     tie: tuple[str, str] | None = Field(
         default=None,
         description="(output layer, word embedding) MM names: with tie_word_embeddings they are one tensor",
+    )
+    upstream_ops: list[UpstreamOp] = Field(
+        default_factory=list,
+        description="VLMs: MindSpeed-MM's operator list in run order; each transform names its step, so rank "
+        "files list tensors in MindSpeed-MM's order (vlm.upstream_order)",
     )
     _inverse: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -135,7 +158,28 @@ class Mapping(_Strict):
         both = set(self.pre_process) & set(self.post_process)
         if both:
             raise ValueError(f"names in both pre_process and post_process: {sorted(both)}")
+        if self.upstream_ops:
+            self._check_steps()
         return self
+
+    def _check_steps(self) -> None:
+        """Every transform names an operator; a merge step is one MergeOp (one transform, several inputs), a
+        rename step renames single tensors."""
+        steps: dict[int, list[Transform]] = {}
+        for t in self.transforms:
+            if t.upstream_step is None or t.upstream_step >= len(self.upstream_ops):
+                raise ValueError(
+                    f"transform {t.mm!r}: upstream_step must index upstream_ops (got {t.upstream_step})"
+                )
+            steps.setdefault(t.upstream_step, []).append(t)
+        for i, op in enumerate(self.upstream_ops):
+            members = steps.get(i, [])
+            if op.kind == "merge" and (len(members) != 1 or len(members[0].hf) < 2):
+                raise ValueError(
+                    f"upstream_ops[{i}] ({op.op}): a merge step is one transform with several hf inputs"
+                )
+            if op.kind == "rename" and any(len(t.hf) != 1 for t in members):
+                raise ValueError(f"upstream_ops[{i}] ({op.op}): a rename step takes single-input transforms")
 
     def _dropped(self, name: str) -> Drop | None:
         return next((d for d in self.drop if d.contains in name), None)
@@ -189,7 +233,7 @@ def load_mapping(converter: str, mappings_dir: Path = MAPPINGS_DIR) -> Mapping:
     """The validated table of a converter; a malformed file names the file and the field."""
     path = mappings_dir / f"{converter}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in mappings_dir.glob("*.yaml")))
+        known = ", ".join(sorted(p.stem for p in mappings_dir.glob("*.yaml") if p.stem != DEVIATIONS_STEM))
         raise MMAgentError(
             f"no mapping table for {converter}",
             field="converter",
@@ -243,4 +287,14 @@ def map_names(mapping: Mapping, names: list[str], direction: str) -> tuple[dict[
             )
         seen[target] = name
         kept[name] = target
-    return kept, dropped
+    return _upstream_order(mapping, kept, direction), dropped
+
+
+def _upstream_order(mapping: Mapping, kept: dict[str, str], direction: str) -> dict[str, str]:
+    """MindSpeed-MM's key order: its `_replace_state_dict` pops every exactly renamed key and appends it in
+    the order of its mapping (reversed for mm_to_hf, which flips the mapping), after the other keys in
+    source order. Rank files then list tensors in MindSpeed-MM's order, so they pickle identically."""
+    table = list(mapping.exact) if direction == "hf_to_mm" else list(reversed(mapping.exact.values()))
+    renamed = set(table)
+    order = [k for k in kept if k not in renamed] + [k for k in table if k in kept]
+    return {k: kept[k] for k in order}

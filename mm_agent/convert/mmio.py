@@ -77,10 +77,12 @@ def load_merged(
         counts.append(tuple(row))
     split = Split(tuple(counts), vpp=vpp_flags.pop())
     merged: dict[str, torch.Tensor] = {}
-    for stage, chunks in enumerate(per_stage):
-        for chunk, sd in enumerate(chunks):
+    # chunk-major, as MindSpeed-MM's _pp_vpp_merge reads them: the merged order (and so a resplit's rank
+    # files) lists tensors as its converters do
+    for chunk in range(len(per_stage[0])):
+        for stage, chunks in enumerate(per_stage):
             first = split.first_layer(chunk, stage)
-            for name, tensor in sd.items():
+            for name, tensor in chunks[chunk].items():
                 layer = keys.index(name)
                 glob = name if layer is None else keys.renumber(name, first + layer)
                 if glob in merged:

@@ -8,10 +8,13 @@ a rank file are nearly all renamed source tensors that already sit in a file. So
    the data records left as holes (the file is sparse) and their CRC-32 fields zero;
 2. each data record is filled by the kernel (`tensors.copy_into`: `copy_file_range` from the file the tensor
    is mapped from, or a write from memory when it is not file-backed);
-3. each record's CRC-32 (zlib, ~5 GB/s) goes into its data descriptor and its central-directory entry.
+3. each record's CRC-32 (zlib, ~5 GB/s) goes into its data descriptor and its central-directory entry;
+4. `.data/serialization_id` is rewritten as torch computes it: 20 digits hashing the record names (left as
+   `torch.save` wrote them: the names are the same) and 20 digits folding the CRC-32 of every earlier
+   non-empty record with c10::hash_combine in write order (torch folded zeros for the skipped records).
 
-The result is the zip `torch.save` writes, byte for byte except `.data/serialization_id` (torch derives it
-from the CRC-32s it computed, zero for the skipped records): it loads with
+The result is the zip `torch.save` writes, byte for byte (tests/fidelity/test_converters.py compares it
+with MindSpeed-MM's own rank files): it loads with
 `torch.load` (mmap or not, with torch's computed storage offsets too) and passes `zipfile.testzip`. The
 record of each tensor is found by reading back the pickle torch wrote, not by assuming its key order;
 anything in it this module does not know (a tensor subclass, a future pickle form) makes it write with plain
@@ -26,6 +29,7 @@ import os
 import pickle
 import struct
 import zipfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,9 +134,50 @@ def _fill(path: Path, obj: dict[str, Any]) -> bool:
                 packed = struct.pack("<I", crc)
                 os.pwrite(fd, packed, slot.data + slot.nbytes + 4)
                 os.pwrite(fd, packed, slot.central + _CENTRAL_CRC)
+            _serialization_id(fd)
         finally:
             os.close(fd)
     return True
+
+
+_SERIALIZATION_ID = "/.data/serialization_id"
+_MASK64 = (1 << 64) - 1
+
+
+def _hash_combine(seed: int, value: int) -> int:
+    """c10::hash_combine on 64-bit size_t."""
+    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & _MASK64) + (seed >> 2)) & _MASK64)) & _MASK64
+
+
+def _serialization_id(fd: int) -> None:
+    """Rewrite `.data/serialization_id` from the final CRC-32s, as torch's PyTorchStreamWriter computes it.
+    A file without one, or with one not laid out as torch writes it (40 stored digits followed by a data
+    descriptor), is left as it is: torch.load does not check it."""
+    with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+        infos = zf.infolist()
+        central = _central_entries(fh, zf.start_dir, len(infos))
+        seed = 0
+        for info in infos:
+            if info.filename.endswith(_SERIALIZATION_ID):
+                break
+            if info.file_size:  # torch folds the CRC of non-empty records only
+                seed = _hash_combine(seed, info.CRC)
+        else:
+            return
+        if info.file_size != 40 or info.compress_type != zipfile.ZIP_STORED or info.filename not in central:
+            return
+        fh.seek(info.header_offset)
+        signature, name_len, extra_len = _LOCAL.unpack(fh.read(_LOCAL.size))
+        data = info.header_offset + _LOCAL.size + name_len + extra_len
+        fh.seek(data)
+        old = fh.read(40)
+        if signature != b"PK\x03\x04" or not old.isdigit() or fh.read(4) != _DESCRIPTOR:
+            return
+    new = old[:20] + f"{seed:020d}".encode("ascii")
+    packed = struct.pack("<I", zlib.crc32(new))
+    os.pwrite(fd, new, data)
+    os.pwrite(fd, packed, data + 40 + 4)
+    os.pwrite(fd, packed, central[info.filename] + _CENTRAL_CRC)
 
 
 @dataclass(frozen=True)

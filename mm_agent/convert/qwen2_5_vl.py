@@ -36,6 +36,7 @@ from mm_agent.convert.vlm import (
     parse_stages,
     place,
     to_canonical,
+    upstream_order,
     uses_newer_names,
 )
 from mm_agent.errors import MMAgentError
@@ -85,6 +86,7 @@ class _HFPlan:
         params, unknown = expand(mapping, list(self.actual), self.dims, "hf")
         if unknown:
             raise _unknown(unknown, "a Qwen2.5-VL checkpoint (Qwen2_5_VLForConditionalGeneration)")
+        params = upstream_order(mapping, params, list(self.actual))
         self.stages = parse_stages(mapping, self.dims, req.pp_layers, req.vit_pp_layers)
         self.params, self.dropped = self._tie(params)
         check_dims(self.params, {c: src.where[a][1].shape for c, a in self.actual.items()}, req.tp)
@@ -96,21 +98,22 @@ class _HFPlan:
 
     def _tie(self, params: list[Param]) -> tuple[list[Param], list[KeyChange]]:
         """Upstream TieOp: with tied embeddings and PP > 1 the last stage gets the embedding as its output
-        layer (it cannot reach the first stage's copy); at PP = 1 Megatron shares the one tensor."""
+        layer (it cannot reach the first stage's copy); at PP = 1 Megatron shares the one tensor. Like
+        TieOp's assignment, it takes the place of an output layer the checkpoint has, else comes last."""
         if self.mapping.tie is None or not self.dims.tie or self.stages.pp == 1:
             return params, []
         output, embedding = self.mapping.tie
         emb = next(p for p in params if p.mm == embedding)
+        tied = Param(output, emb.hf, "rename", {}, emb.tp_dim)
         dropped = [
             KeyChange(source=self.actual[h], target=None, reason=TIED)
             for p in params
             if p.mm == output
             for h in p.hf
         ]
-        return [
-            *(p for p in params if p.mm != output),
-            Param(output, emb.hf, "rename", {}, emb.tp_dim),
-        ], dropped
+        if dropped:
+            return [tied if p.mm == output else p for p in params], dropped
+        return [*params, tied], dropped
 
     def record(self) -> Record:
         src, stages = self.source, self.stages

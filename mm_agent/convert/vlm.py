@@ -47,6 +47,7 @@ class Param:
     op: str
     args: dict[str, int]
     tp_dim: int | None
+    step: int | None = None  # the table's upstream_step (None: MindSpeed-MM's TieOp, after every op)
 
 
 @dataclass
@@ -144,9 +145,38 @@ def expand(mapping: Mapping, names: list[str], dims: Dims, side: str) -> tuple[l
                     f"{mapping.description} checkpoint: re-download or re-export it",
                 )
             claimed.update(needed)
-            params.append(Param(mm, hf, t.op, _args(t, dims), t.tp_dim))
+            params.append(Param(mm, hf, t.op, _args(t, dims), t.tp_dim, t.upstream_step))
     _check_layers(mapping, params, dims)
     return params, [n for n in names if n not in claimed]
+
+
+def upstream_order(mapping: Mapping, params: list[Param], source: list[str]) -> list[Param]:
+    """`params` in the order MindSpeed-MM's state dict holds them, so the rank files list (and pickle) their
+    tensors as MindSpeed-MM's do. Its state dict starts as the canonical HF keys in `source` order (the
+    safetensors files in name order, each in header order: what its `load_file`s give for a single file or
+    a sorted directory listing); then each of the table's `upstream_ops` runs in turn: a merge pops its inputs
+    and appends the merged key layer by layer, a rename pops each key it renames and appends the new name in
+    the current order; a tied output layer (step None, TieOp) comes last. Tables without `upstream_ops` keep
+    their own order."""
+    if not mapping.upstream_ops:
+        return params
+    order: dict[str, None] = dict.fromkeys(source)  # an ordered set: HF names, then MM names as ops run
+    for step, op in enumerate(mapping.upstream_ops):
+        members = [p for p in params if p.step == step]  # a merge's layers come out of `expand` ascending
+        if op.kind == "merge":
+            for p in members:
+                for name in p.hf:
+                    order.pop(name, None)
+                order[p.mm] = None
+        else:
+            renamed = {p.hf[0]: p.mm for p in members}
+            for old in [n for n in order if n in renamed]:
+                del order[old]
+                order[renamed[old]] = None
+    for p in params:
+        order.setdefault(p.mm, None)
+    position = {name: i for i, name in enumerate(order)}
+    return sorted(params, key=lambda p: position[p.mm])
 
 
 def _args(t: Transform, dims: Dims) -> dict[str, int]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mm_agent.convert.atomic import Staging, pause_for_tests
+from mm_agent.convert.deviations import plan_notes
 from mm_agent.convert.layout import (
     RELEASE,
     TRACKER,
@@ -121,9 +122,16 @@ def _plan_hf_to_mm(req: ConvertRequest) -> NativeLayout:
             "in-place form: release/ is written next to the diffusers safetensors, which stay untouched"
         )
     notes += target_notes(req, TRACKER, hp.split.pp_layers)
+    notes += plan_notes(CONVERTER, _state_dicts(hp.files, hp.split), set(hp.kept.values()))
     return NativeLayout(
         files=hp.files, source_bytes=hp.source.nbytes, output_bytes=hp.source.nbytes, notes=notes
     )
+
+
+def _state_dicts(files: list[RankFile], split: Split) -> list[str]:
+    """`<rank file>:<state dict key>` of every state dict the layout writes."""
+    keys = [f"model{i}" for i in range(split.chunks)] if split.vpp else ["model"]
+    return [f"{f.path}:{k}" for f in files for k in keys]
 
 
 def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
@@ -263,6 +271,10 @@ def _plan_resplit(req: ConvertRequest) -> NativeLayout:
     notes.append(
         f"resplit {ckpt.pp}-stage checkpoint into {split.describe()}; counts are known after converting"
     )
+    if manifest is not None and manifest.hf_weight_map:  # the tensors it holds, named by the original
+        mapping = _mapping(req)
+        names = {m for h in manifest.hf_weight_map if isinstance(m := mapping.hf_to_mm(h), str)}
+        notes += plan_notes(CONVERTER, _state_dicts(files, split), names)
     size = _mm_bytes(ckpt)
     return NativeLayout(files=files, source_bytes=size, output_bytes=size, notes=notes)
 
