@@ -1,7 +1,8 @@
 """`python -m runtime.extract`: MindSpeed-MM's Wan feature extraction (get_wan_feature.py), run by the bundled runtime.
 
 Reads the same three files (`--mm-data` data.json → data.txt, `--mm-model` model_t2v.json, `--mm-tool`
-tools.json) and writes the same `<save_path>/features/*.pt` + `data.jsonl`, with what MindSpeed-MM lacks:
+tools.json) and writes the same `<save_path>/features/*.pt` + `data.jsonl` (each record annotated with the
+frame plan MindSpeed-MM's grouped sampler reads: `sample_num_frames`, `sample_size`, ...), with what MindSpeed-MM lacks:
 sample i goes to rank i % world (deterministic, so a resume splits the same way), each rank writes its own
 files atomically, `--skip-existing` redoes only missing or damaged files (resume after kill -9), a clip that
 cannot be decoded or encodes to NaN is listed in `extract_report.json` instead of killing the run, and
@@ -31,11 +32,11 @@ import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections import deque  # noqa: E402
-from collections.abc import Iterable, Iterator  # noqa: E402
+from collections.abc import Callable, Iterable, Iterator  # noqa: E402
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -48,16 +49,24 @@ from runtime.errors import RuntimeFailure, run_main  # noqa: E402
 from runtime.features import (  # noqa: E402
     Expected,
     feature_names,
+    index_record,
     is_done,
     remove_temp_files,
     write_feature,
 )
 from runtime.mmconfig import load_json, require  # noqa: E402
 from runtime.mmdata import Sample, read_samples, whitespace_clean  # noqa: E402
-from runtime.video import check_num_frames, read_clip, to_model_input  # noqa: E402
+from runtime.video import (  # noqa: E402
+    ClipPlan,
+    check_num_frames,
+    plan_clip,
+    read_clip_planned,
+    to_model_input,
+)
 
 PARTS_DIR = ".extract"
 POLL_S = 0.5
+T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -229,19 +238,33 @@ def _check_text_methods(methods: Any, data_file: str) -> None:
 
 @dataclass
 class Outcome:
-    """One sample's result on its rank: extracted, skipped_existing or failed (with the reason)."""
+    """One sample's result on its rank: extracted, skipped_existing or failed (with the reason).
+
+    `plan` (extracted and kept samples) is what data.jsonl records about the clip's frames.
+    """
 
     index: int
     status: str
     reason: str | None = None
+    plan: ClipPlan | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.index, self.status, self.reason, asdict(self.plan) if self.plan else None]
+
+    @classmethod
+    def from_json(cls, row: list[Any]) -> Outcome:
+        index, status, reason, plan = row
+        if plan is not None:
+            plan = ClipPlan(**{**plan, "indices": tuple(plan["indices"])})
+        return cls(index, status, reason, plan)
 
 
 def decode_ahead(
-    jobs: Iterable[tuple[Sample, str]], read: Any, workers: int, window: int
-) -> Iterator[tuple[Sample, str, torch.Tensor | RuntimeFailure]]:
-    """Yield (sample, name, frames or the failure) in order, decoding up to `window` clips ahead in threads."""
+    jobs: Iterable[tuple[Sample, str]], read: Callable[[Sample], T], workers: int, window: int
+) -> Iterator[tuple[Sample, str, T | RuntimeFailure]]:
+    """Yield (sample, name, what `read` gave or the failure) in order, decoding up to `window` clips ahead."""
 
-    def attempt(sample: Sample) -> torch.Tensor | RuntimeFailure:
+    def attempt(sample: Sample) -> T | RuntimeFailure:
         try:
             return read(sample)
         except RuntimeFailure as exc:
@@ -252,7 +275,7 @@ def decode_ahead(
             yield sample, name, attempt(sample)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode") as pool:
-        pending: deque[tuple[Sample, str, Future[torch.Tensor | RuntimeFailure]]] = deque()
+        pending: deque[tuple[Sample, str, Future[T | RuntimeFailure]]] = deque()
         for sample, name in jobs:
             pending.append((sample, name, pool.submit(attempt, sample)))
             if len(pending) > window:
@@ -344,13 +367,24 @@ class Extractor:
         c, t, h, w = vae.latent_shape(cfg.num_frames, cfg.max_height, cfg.max_width)
         return vae, text, Expected(c, t, h, w, text.max_length, text.width, video_dtype, text_dtype)
 
-    def read(self, sample: Sample) -> torch.Tensor:
+    def read(self, sample: Sample) -> tuple[torch.Tensor, ClipPlan]:
         cfg = self.cfg
-        return read_clip(
+        return read_clip_planned(
             sample.path,
             cfg.num_frames,
             cfg.max_height,
             cfg.max_width,
+            frame_interval=cfg.frame_interval,
+            min_num_frames=self._min_frames(sample),
+            train_fps=cfg.train_fps,
+        )
+
+    def plan(self, sample: Sample) -> ClipPlan:
+        """The frames `read` would take, without decoding them (--skip-existing still indexes kept clips)."""
+        cfg = self.cfg
+        return plan_clip(
+            sample.path,
+            cfg.num_frames,
             frame_interval=cfg.frame_interval,
             min_num_frames=self._min_frames(sample),
             train_fps=cfg.train_fps,
@@ -375,60 +409,71 @@ class Extractor:
         outcomes: list[Outcome] = []
         todo: list[tuple[Sample, str]] = []
         for sample, name in mine:
-            if self.args.skip_existing and is_done(self.features_dir / f"{name}.pt", expected):
-                outcomes.append(Outcome(sample.index, "skipped_existing"))
-                self.progress.advance(worked=False)
-            else:
-                todo.append((sample, name))
-        batch: list[tuple[Sample, str, torch.Tensor]] = []
+            path = self.features_dir / f"{name}.pt"
+            if self.args.skip_existing and path.is_file():
+                try:
+                    plan = self.plan(sample)
+                except RuntimeFailure as exc:
+                    outcomes.append(Outcome(sample.index, "failed", exc.message))
+                    print(f"warning: skipped {sample.path}: {exc.message}", file=sys.stderr, flush=True)
+                    self.progress.advance(worked=False)
+                    continue
+                if is_done(path, expected, len(plan.indices)):
+                    outcomes.append(Outcome(sample.index, "skipped_existing", plan=plan))
+                    self.progress.advance(worked=False)
+                    continue
+            todo.append((sample, name))
+        batch: list[tuple[Sample, str, torch.Tensor, ClipPlan]] = []
         # Decode ahead while an accelerator encodes. On the CPU the encoders already use every core, and
         # decode threads (whose torch resizes start OpenMP teams of their own) only contend with them.
         on_cpu = self.device.type == "cpu"
         workers = 0 if on_cpu else min(self.args.num_workers, os.cpu_count() or 1)
         window = max(2 * workers, self.args.micro_batch_size)
-        for sample, name, frames in decode_ahead(todo, self.read, workers, window):
-            if isinstance(frames, RuntimeFailure):
-                outcomes.append(Outcome(sample.index, "failed", frames.message))
-                print(f"warning: skipped {sample.path}: {frames.message}", file=sys.stderr, flush=True)
+        for sample, name, got in decode_ahead(todo, self.read, workers, window):
+            if isinstance(got, RuntimeFailure):
+                outcomes.append(Outcome(sample.index, "failed", got.message))
+                print(f"warning: skipped {sample.path}: {got.message}", file=sys.stderr, flush=True)
                 self.progress.advance(worked=True)
                 continue
+            frames, plan = got
             if batch and (batch[0][2].shape != frames.shape or len(batch) == self.args.micro_batch_size):
                 outcomes += self.encode(batch, vae, text, expected)
                 batch = []
-            batch.append((sample, name, frames))
+            batch.append((sample, name, frames, plan))
         if batch:
             outcomes += self.encode(batch, vae, text, expected)
-        write_text_atomic(
-            self.parts / f"rank{rank}.json", json.dumps([[o.index, o.status, o.reason] for o in outcomes])
-        )
+        write_text_atomic(self.parts / f"rank{rank}.json", json.dumps([o.to_json() for o in outcomes]))
 
     def encode(
         self,
-        batch: list[tuple[Sample, str, torch.Tensor]],
+        batch: list[tuple[Sample, str, torch.Tensor, ClipPlan]],
         vae: VideoEncoder,
         text: TextEncoder,
         expected: Expected,
     ) -> list[Outcome]:
-        """Encode same-shape clips and their captions together; check and write each sample on its own."""
+        """Encode same-shape clips and their captions together; check and write each sample on its own.
+
+        Text features keep MindSpeed-MM's per-sample caption axis: hidden [1, L, D] and mask [1, L].
+        """
         cfg = self.cfg
-        clips = torch.stack([frames for _, _, frames in batch])
+        clips = torch.stack([frames for _, _, frames, _ in batch])
         video = to_model_input(clips, cfg.norm_mean, cfg.norm_std)
         generator = torch.Generator(self.device).manual_seed(self.args.seed + batch[0][0].index)
         latents = vae.encode(video, generator=generator).cpu()
-        captions = [sample.caption(self.args.seed) for sample, _, _ in batch]
+        captions = [sample.caption(self.args.seed) for sample, _, _, _ in batch]
         hidden, mask = text.encode([whitespace_clean(c) for c in captions] if cfg.clean_text else captions)
         hidden, mask = hidden.cpu(), mask.cpu()
         outcomes = []
-        for i, (sample, name, _) in enumerate(batch):
+        for i, (sample, name, _, plan) in enumerate(batch):
             feature = {
                 "video": latents[i].to(expected.video_dtype, copy=True),
-                "prompt_ids": hidden[i].to(expected.text_dtype, copy=True),
-                "prompt_mask": mask[i].clone(),
+                "prompt_ids": hidden[i : i + 1].to(expected.text_dtype, copy=True),
+                "prompt_mask": mask[i : i + 1].clone(),
             }
-            problem = expected.problem(feature, check_values=True)
+            problem = expected.problem(feature, check_values=True, frames=len(plan.indices))
             if problem is None:
                 write_feature(self.features_dir / f"{name}.pt", feature)
-                outcomes.append(Outcome(sample.index, "extracted"))
+                outcomes.append(Outcome(sample.index, "extracted", plan=plan))
             else:
                 outcomes.append(Outcome(sample.index, "failed", problem))
                 print(f"warning: skipped {sample.path}: {problem}", file=sys.stderr, flush=True)
@@ -445,19 +490,23 @@ class Extractor:
 
     def merge(self, seconds: float, extracting: float) -> dict[str, Any]:
         """Rank 0: data.jsonl (extracted + kept samples, dataset order) and extract_report.json, both atomic."""
-        statuses: dict[int, tuple[str, str | None]] = {}
+        outcomes: dict[int, Outcome] = {}
         for r in range(self.info.world_size):
-            for index, status, reason in json.loads((self.parts / f"rank{r}.json").read_text()):
-                statuses[index] = (status, reason)
+            for row in json.loads((self.parts / f"rank{r}.json").read_text()):
+                outcome = Outcome.from_json(row)
+                outcomes[outcome.index] = outcome
         lines, failed = [], []
         counts = {"extracted": 0, "skipped_existing": 0, "failed": 0}
-        for sample in self.cfg.samples:
-            status, reason = statuses[sample.index]
-            counts[status] += 1
-            if status == "failed":
-                failed.append({"path": sample.path, "reason": reason})
+        cfg = self.cfg
+        for sample in cfg.samples:
+            outcome = outcomes[sample.index]
+            counts[outcome.status] += 1
+            if outcome.status == "failed" or outcome.plan is None:
+                failed.append({"path": sample.path, "reason": outcome.reason})
             else:
-                lines.append(json.dumps({**sample.record, "file": f"features/{self.names[sample.index]}.pt"}))
+                file = f"features/{self.names[sample.index]}.pt"
+                record = index_record(sample.record, outcome.plan, file, cfg.max_height, cfg.max_width)
+                lines.append(json.dumps(record))
         print("Writing dataset metadata information...", flush=True)
         data_jsonl = self.cfg.save_path / "data.jsonl"
         if lines:

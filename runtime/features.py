@@ -1,17 +1,26 @@
-"""MindSpeed-MM's feature files: names, atomic writes, the checks that decide "done", and the training dataset.
+"""MindSpeed-MM's feature files: names, atomic writes, the checks that decide "done", the index, the training dataset.
 
-Layout (reference §3): `<save_path>/features/<name>.pt` holds `{"video": latents [C,T',H',W'],
-"prompt_ids": text hidden states [L,D], "prompt_mask": [L]}`, and `<save_path>/data.jsonl` lists one MM
-record per extracted clip with `"file": "features/<name>.pt"`. Two things differ from MindSpeed-MM on
-purpose. Names: MM uses the bare basename (`clip0000_mp4.pt`), so `set_a/clip0000.mp4` and
-`set_b/clip0000.mp4` overwrite each other; here the name is the relative path made safe plus a short hash
-of (dataset, relative path), so it is unique, stable across runs, and still readable. Writes: every file
-goes to a hidden temp name and is `os.replace`d into place, so a killed run never leaves a truncated
-`.pt` that a resume or a training run would take as done.
+Layout, as MindSpeed-MM's `get_wan_feature.py` writes it and its `FeatureDataset` + `LengthGroupedSampler`
+read it: `<save_path>/features/<name>.pt` holds `{"video": latents [C,T',H',W'] (ae dtype), "prompt_ids":
+text hidden states [1,L,D] (text encoder dtype), "prompt_mask": int64 [1,L]}` (the leading 1 is MM's one
+caption per sample, `_extract_prompt_component` of a [B,1,L] tokenisation), and `<save_path>/data.jsonl` lists
+one record per extracted clip: the dataset record plus what MM's video processor adds (`num_frames`, `fps`,
+`resolution.{height,width,sample_height,sample_width}`, `start_frame_idx`, `sample_frame_index`,
+`sample_num_frames`, `sample_size` = "<frames>x<height>x<width>") and `"file": "features/<name>.pt"`. MM's
+sampler reads `sample_num_frames` and `sample_size` of every record (group_data groups by `sample_size`).
+
+Three things differ from MindSpeed-MM on purpose. Names: MM uses the bare basename (`clip0000_mp4.pt`), so
+`set_a/clip0000.mp4` and `set_b/clip0000.mp4` overwrite each other; here the name is the relative path made
+safe plus a short hash of (dataset, relative path), so it is unique, stable across runs, and still readable.
+Writes: every file goes to a hidden temp name and is `os.replace`d into place, so a killed run never leaves a
+truncated `.pt` that a resume or a training run would take as done. Sizes: MM records the dynamic-resolution
+size of the source in `sample_height`/`sample_width` (before its crop to max_height x max_width); here they are
+the size the clip was encoded at, which groups the same tensors (every clip is encoded at max_height x max_width).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -25,6 +34,7 @@ import torch
 from runtime.atomic import TEMP_MARK, atomic_write_bytes
 from runtime.errors import RuntimeFailure
 from runtime.mmdata import Sample
+from runtime.video import VAE_STRIDE_T, ClipPlan
 
 FEATURE_KEYS = ("video", "prompt_ids", "prompt_mask")
 MAX_STEM = 120  # keeps names well under the 255-byte filename limit with the hash and suffix
@@ -73,8 +83,13 @@ class Expected:
     video_dtype: torch.dtype
     text_dtype: torch.dtype
 
-    def problem(self, feature: dict[str, Any], *, check_values: bool) -> str | None:
-        """Why `feature` is not a valid sample of this run (None when it is); `check_values` also checks NaN/Inf."""
+    def problem(
+        self, feature: dict[str, Any], *, check_values: bool, frames: int | None = None
+    ) -> str | None:
+        """Why `feature` is not a valid sample of this run (None when it is).
+
+        `check_values` also checks NaN/Inf; `frames` (the clip's sampled frame count) also checks the latent length.
+        """
         missing = [k for k in FEATURE_KEYS if not isinstance(feature.get(k), torch.Tensor)]
         if missing:
             return f"missing tensors {missing}"
@@ -87,13 +102,18 @@ class Expected:
         ):
             want = f"[{self.channels}, <={self.max_frames}, {self.height}, {self.width}]"
             return f"video latents have shape {list(video.shape)}, expected {want}"
-        if tuple(ids.shape) != (self.text_len, self.text_width) or tuple(mask.shape) != (self.text_len,):
+        if frames is not None and video.shape[1] != latent_frames(frames):
+            return f"video latents have {video.shape[1]} frames, the clip's {frames} frames give {latent_frames(frames)}"
+        if tuple(ids.shape) != (1, self.text_len, self.text_width) or tuple(mask.shape) != (1, self.text_len):
             return (
                 f"text features have shapes {list(ids.shape)} / {list(mask.shape)}, expected "
-                f"[{self.text_len}, {self.text_width}] / [{self.text_len}]"
+                f"[1, {self.text_len}, {self.text_width}] / [1, {self.text_len}]"
             )
-        if video.dtype != self.video_dtype or ids.dtype != self.text_dtype:
-            return f"dtypes {video.dtype}/{ids.dtype}, expected {self.video_dtype}/{self.text_dtype}"
+        if video.dtype != self.video_dtype or ids.dtype != self.text_dtype or mask.dtype != torch.int64:
+            return (
+                f"dtypes {video.dtype}/{ids.dtype}/{mask.dtype}, expected "
+                f"{self.video_dtype}/{self.text_dtype}/torch.int64"
+            )
         if check_values:
             for key in ("video", "prompt_ids"):
                 if not bool(torch.isfinite(feature[key]).all()):
@@ -115,15 +135,45 @@ def load_feature(path: Path, *, mmap: bool = False) -> dict[str, Any]:
     return data
 
 
-def is_done(path: Path, expected: Expected) -> bool:
-    """--skip-existing: the file exists, loads, and has this run's keys, shapes and dtypes."""
+def is_done(path: Path, expected: Expected, frames: int | None = None) -> bool:
+    """--skip-existing: the file exists, loads, and has this run's keys, shapes and dtypes (and `frames`' latents)."""
     if not path.is_file():
         return False
     try:
         feature = load_feature(path, mmap=True)
     except RuntimeFailure:
         return False
-    return expected.problem(feature, check_values=False) is None
+    return expected.problem(feature, check_values=False, frames=frames) is None
+
+
+def latent_frames(frames: int) -> int:
+    """Latent length of a 4n+1-frame clip under Wan's causal VAE."""
+    return (frames - 1) // VAE_STRIDE_T + 1
+
+
+def index_record(
+    record: dict[str, Any], plan: ClipPlan, file: str, height: int, width: int
+) -> dict[str, Any]:
+    """The data.jsonl record of one extracted clip: the dataset record annotated as MM's video processor does.
+
+    Values the dataset record already has (`num_frames`, `fps`, `resolution.height/width`) are kept; missing
+    ones come from the decoded clip. `height` x `width` is the size the frames were encoded at.
+    """
+    out = copy.deepcopy(record)
+    out.setdefault("num_frames", plan.total)
+    out.setdefault("fps", plan.fps)
+    resolution = out.get("resolution")
+    resolution = dict(resolution) if isinstance(resolution, dict) else {}
+    resolution.setdefault("height", plan.height)
+    resolution.setdefault("width", plan.width)
+    resolution["sample_height"], resolution["sample_width"] = int(height), int(width)
+    out["resolution"] = resolution
+    out["start_frame_idx"] = 0  # the temporal window starts at frame 0 (runtime.video)
+    out["sample_frame_index"] = [int(i) for i in plan.indices]
+    out["sample_num_frames"] = len(plan.indices)
+    out["sample_size"] = f"{len(plan.indices)}x{int(height)}x{int(width)}"
+    out["file"] = file
+    return out
 
 
 class FeatureDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):

@@ -105,7 +105,9 @@ class FeatureSource(Dataset[Any]):
             item = self.inner[index]
         except RuntimeFailure as exc:
             return Failed(exc)
-        return {"video": item["video"], "prompt_ids": item["prompt_ids"]}
+        text = item["prompt_ids"]
+        # MM's files hold [1, L, D] (one caption per sample); older runtime files [L, D]. Wan reads both as [L, D].
+        return {"video": item["video"], "prompt_ids": text.reshape(-1, text.shape[-1])}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ time for high-resolution clips while the final antialiased resize still sets the
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,21 +91,23 @@ def decode_size(height: int, width: int, target_h: int, target_w: int) -> tuple[
     return max(2 * target_h, round(height * scale)), max(2 * target_w, round(width * scale))
 
 
-def read_clip(
-    path: str,
-    num_frames: int,
-    max_height: int,
-    max_width: int,
-    *,
-    frame_interval: float = 1.0,
-    min_num_frames: int | None = None,
-    train_fps: float | None = None,
-) -> torch.Tensor:
-    """Decode, sample and crop one clip to uint8 [T, max_height, max_width, 3] (T = num_frames or a shorter 4n+1).
+@dataclass(frozen=True)
+class ClipPlan:
+    """What the temporal plan took from one clip: the source's length, fps and frame size, and the frame indices.
 
-    `train_fps` set means MindSpeed-MM's `auto_interval`: the interval becomes fps / train_fps. Missing,
-    unreadable and too-short videos raise `RuntimeFailure` naming the file.
+    Feature extraction writes it into data.jsonl the way MindSpeed-MM's video processor annotates a sample
+    (`num_frames`, `fps`, `resolution`, `sample_frame_index`, ...), because MM's grouped sampler reads it there.
     """
+
+    total: int
+    fps: float
+    height: int
+    width: int
+    indices: tuple[int, ...]
+
+
+def _open(path: str) -> tuple[Any, int, float, np.ndarray]:
+    """decord reader, frame count, average fps and the first frame; missing or undecodable → `RuntimeFailure`."""
     import decord
 
     if not os.path.isfile(path):
@@ -121,6 +125,19 @@ def read_clip(
             file=path,
             fix="re-encode the file (e.g. ffmpeg -i in.mp4 -c:v libx264 out.mp4) or drop it from the dataset",
         ) from exc
+    return reader, total, float(fps), first
+
+
+def _plan(
+    path: str,
+    total: int,
+    fps: float,
+    first: np.ndarray,
+    num_frames: int,
+    frame_interval: float,
+    min_num_frames: int | None,
+    train_fps: float | None,
+) -> ClipPlan:
     if train_fps is not None and fps > 0 and abs(fps - train_fps) >= 0.1:
         frame_interval = fps / train_fps
     try:
@@ -129,6 +146,39 @@ def read_clip(
         )
     except RuntimeFailure as exc:
         raise RuntimeFailure(exc.message, file=path, fix=exc.fix) from None
+    return ClipPlan(total, fps, int(first.shape[0]), int(first.shape[1]), tuple(indices))
+
+
+def plan_clip(
+    path: str,
+    num_frames: int,
+    *,
+    frame_interval: float = 1.0,
+    min_num_frames: int | None = None,
+    train_fps: float | None = None,
+) -> ClipPlan:
+    """The `ClipPlan` `read_clip` would follow, from the container header and first frame only (no full decode)."""
+    reader, total, fps, first = _open(path)
+    del reader
+    return _plan(path, total, fps, first, num_frames, frame_interval, min_num_frames, train_fps)
+
+
+def read_clip_planned(
+    path: str,
+    num_frames: int,
+    max_height: int,
+    max_width: int,
+    *,
+    frame_interval: float = 1.0,
+    min_num_frames: int | None = None,
+    train_fps: float | None = None,
+) -> tuple[torch.Tensor, ClipPlan]:
+    """`read_clip` plus the `ClipPlan` it followed."""
+    import decord
+
+    reader, total, fps, first = _open(path)
+    plan = _plan(path, total, fps, first, num_frames, frame_interval, min_num_frames, train_fps)
+    indices = list(plan.indices)
     try:
         shrink = decode_size(first.shape[0], first.shape[1], max_height, max_width)
         if shrink is not None:
@@ -141,7 +191,34 @@ def read_clip(
             file=path,
             fix="the file is truncated or corrupt; re-encode it or drop it from the dataset",
         ) from exc
-    return resize_crop(frames, max_height, max_width)
+    return resize_crop(frames, max_height, max_width), plan
+
+
+def read_clip(
+    path: str,
+    num_frames: int,
+    max_height: int,
+    max_width: int,
+    *,
+    frame_interval: float = 1.0,
+    min_num_frames: int | None = None,
+    train_fps: float | None = None,
+) -> torch.Tensor:
+    """Decode, sample and crop one clip to uint8 [T, max_height, max_width, 3] (T = num_frames or a shorter 4n+1).
+
+    `train_fps` set means MindSpeed-MM's `auto_interval`: the interval becomes fps / train_fps. Missing,
+    unreadable and too-short videos raise `RuntimeFailure` naming the file.
+    """
+    frames, _ = read_clip_planned(
+        path,
+        num_frames,
+        max_height,
+        max_width,
+        frame_interval=frame_interval,
+        min_num_frames=min_num_frames,
+        train_fps=train_fps,
+    )
+    return frames
 
 
 def to_model_input(clips: torch.Tensor, mean: float = 0.5, std: float = 0.5) -> torch.Tensor:

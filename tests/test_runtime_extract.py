@@ -223,7 +223,18 @@ def test_torchrun_two_ranks_extract_every_sample_once(tmp_path: Path, dataset: P
         item = features[i]
         assert list(item["video"].shape) == LATENT and item["video"].dtype == torch.bfloat16
         assert item["prompt_ids"].dtype == torch.float32 and item["prompt_mask"].dtype == torch.int64
-        assert item["prompt_ids"].shape == (TEXT_LEN, 32) and item["prompt_mask"].shape == (TEXT_LEN,)
+        # MindSpeed-MM's layout: one caption per sample, so [1, L, D] / [1, L].
+        assert item["prompt_ids"].shape == (1, TEXT_LEN, 32) and item["prompt_mask"].shape == (1, TEXT_LEN)
+    # Each record carries the frame plan MindSpeed-MM's grouped sampler reads (sample_num_frames, sample_size).
+    for record in records:
+        assert record["sample_frame_index"] == list(range(FRAMES)) and record["sample_num_frames"] == FRAMES
+        assert record["sample_size"] == f"{FRAMES}x{SIZE}x{SIZE}" and record["start_frame_idx"] == 0
+        assert record["resolution"] == {
+            "height": SIZE,
+            "width": SIZE,
+            "sample_height": SIZE,
+            "sample_width": SIZE,
+        }
     # The stored latents are what the encoder gives for that clip (the right clip went to the right file).
     first = records[0]
     vae = VideoEncoder.from_config(model["ae"], torch.device("cpu"), torch.float32)
@@ -319,6 +330,7 @@ def test_kill_9_then_skip_existing_gives_every_sample_once(
     records = index(tmp / "features")
     assert len(records) == 24 and len({r["file"] for r in records}) == 24
     assert len({r["path"] for r in records}) == 24
-    for record in records:
+    for record in records:  # kept files are indexed like fresh ones (their frame plan comes from the clip)
         assert list(load_feature(tmp / "features" / record["file"])["video"].shape) == LATENT
+        assert record["sample_num_frames"] == FRAMES and record["sample_size"] == f"{FRAMES}x{SIZE}x{SIZE}"
     assert sorted(p.name for p in feats.iterdir()) == sorted(Path(r["file"]).name for r in records)

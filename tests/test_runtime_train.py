@@ -54,10 +54,13 @@ def write_job(job: Path, count: int = 8) -> Path:
     lines = []
     for i in range(count):
         name = f"features/set_a-clip{i:04d}_mp4-{i:08x}.pt"
+        # MindSpeed-MM's layout ([1, L, D] / [1, L], what runtime.extract writes) and the runtime's earlier [L, D]:
+        # the trainer reads both.
+        lead = (1,) if i % 2 == 0 else ()
         feature = {
             "video": torch.randn(16, 3, 8, 8, generator=g),
-            "prompt_ids": torch.randn(32, 32, generator=g),
-            "prompt_mask": torch.ones(32, dtype=torch.long),
+            "prompt_ids": torch.randn(*lead, 32, 32, generator=g),
+            "prompt_mask": torch.ones(*lead, 32, dtype=torch.long),
         }
         torch.save(feature, folder / name)
         lines.append(json.dumps({"path": f"set_a/clip{i:04d}.mp4", "cap": f"clip {i}", "file": name}))
