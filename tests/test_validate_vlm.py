@@ -197,7 +197,11 @@ def qwen3(tmp_path: Path) -> Path:
 
 def test_transformers_yaml_job_is_clean(qwen3: Path) -> None:
     report = run(qwen3)
-    assert not [f for f in report.findings if f.severity != "info"], report.findings
+    # the script does not cd and no MindSpeed-MM root is given: the relative gpt_args.load cannot be placed,
+    # and the warning says which checkpoint checks that costs; nothing else is reported
+    (skipped,) = [f for f in report.findings if f.severity != "info"]
+    assert (skipped.rule, skipped.field) == ("crossfile.skipped", "gpt_args.load"), report.findings
+    assert "checkpoint tracker" in skipped.message
     kinds = {Path(s.path).name: s.kind for s in report.files}
     assert kinds == {SH: "shell", YAML: "transformers_yaml", "fsdp2_config.yaml": "fsdp2_config"}
     assert report.ok and run(FIXTURES / "qwen3vl_8b").ok

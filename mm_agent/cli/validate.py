@@ -20,7 +20,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--strict", action="store_true", help="treat warnings as errors (use on the training machine)"
     )
-    p.add_argument("--mm-root", help="MindSpeed-MM checkout used to resolve relative config paths")
+    p.add_argument(
+        "--mm-root",
+        help="MindSpeed-MM checkout: relative config paths start from it, and its own argument parser and "
+        "validate_args judge every torchrun launch of the job (child process; MindSpeed and Megatron-LM "
+        "next to it, or Megatron copied into it; needs torch)",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 

@@ -4,7 +4,8 @@ Inputs are job directories (walked for *.sh, *.json, *.yaml/*.yml, data.txt, job
 Scripts are read statically (variables, `$JOB_DIR` idiom, the torchrun flags) and the config files they
 pass are validated too. The result is a `ValidationReport`; bad input becomes findings, never a traceback.
 Only regular files are read (FIFOs and devices are findings, not reads that never end), and with a
-workspace `root` every file is re-checked against it once open.
+workspace `root` every file is re-checked against it once open. With `mm_root` naming a MindSpeed-MM
+checkout, its real argument parser also judges every launch (`rules_mmparser`, in a child process).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mm_agent.errors import MMAgentError
-from mm_agent.paths import owning_root, where
+from mm_agent.paths import confine, owning_root, where
 from mm_agent.validate import (
     rules_ckpt,
     rules_common,
     rules_data,
     rules_generative,
+    rules_mmparser,
     rules_parallel,
     rules_vlm,
 )
@@ -69,8 +71,9 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
     root = root.expanduser().resolve() if root is not None else None
     sink = Sink()
     mm_root = req.mm_root
-    if mm_root and root is not None and not Path(mm_root).expanduser().is_absolute():
-        mm_root = str(root / mm_root)  # relative to the workspace, like the paths
+    if mm_root and root is not None:
+        # like every path of a request: inside the workspace (or an allowed root); its parser code is run
+        mm_root = str(confine(mm_root, root, "mm_root"))
     job = Job(sink, root, mm_root)
     inputs = _inputs(req, root, sink)
     # an input that cannot be resolved (a symlink loop) is loaded anyway, to be reported with the fix
@@ -94,6 +97,16 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
                 f"{rules.__name__} stopped early: {type(exc).__name__}: {exc}",
                 "report this mm-agent bug with the job files; the findings "
                 "from the other rule groups are still valid",
+            )
+    if req.mm_root and job.mm_root is not None:
+        try:
+            rules_mmparser.check(job, job.mm_root)
+        except Exception as exc:  # as above: a bug here must not hide the other findings
+            sink.warning(
+                "validator.crash",
+                str(job.mm_root),
+                f"{rules_mmparser.__name__} stopped early: {type(exc).__name__}: {exc}",
+                "report this mm-agent bug with the job files; the other findings are still valid",
             )
     findings = sink.sorted()
     errors = sum(f.severity == "error" for f in findings)

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from mm_agent.validate.files import ConfigFile
-from mm_agent.validate.job import CONFIG_FLAGS, Job, Launch, is_dir, is_file
+from mm_agent.validate.job import CONFIG_FLAGS, Job, Launch, exists, is_dir, is_file
 
 _YAML_ENTRIES = ("pretrain_transformers.py", "trainer.py")
+# The cross-file checks a config feeds: what is lost when the validator cannot tell where the file is.
+CROSS_FILE_CHECKS = {
+    "mm-model": "CP/TP vs attention heads, pipeline_num_layers vs PP and the converted checkpoint's stages, "
+    "pipeline stages with zero LLM layers",
+    "mm-data": "dataset keys vs attr, data folder and feature files, data format vs model",
+    "mm-tool": "tool settings vs the model (profiling, sampling)",
+    "yaml": "gpt_args flags (parallel sizes, batch sizes) vs the model and data sections",
+    "fsdp2-config": "FSDP2 sharding vs world size and the model's modules",
+    "load": "the checkpoint tracker, and its TP/PP/VPP stage layout (manifest) vs the job",
+}
 
 
 def build_launches(job: Job) -> None:
@@ -77,16 +88,10 @@ def _attach(job: Job, launch: Launch, role: str, flag: str, raw: str | None, var
             line=line,
         )
         return
-    path = job.resolve(raw)
+    path, why = run_time_path(job, launch, raw)
     if path is None:
-        job.sink.info(
-            "path.unresolved",
-            file,
-            f"{role} config {raw!r} is relative and the MindSpeed-MM root is unknown; not checked",
-            "pass mm_root (or set MM_ROOT= in the script), or use an absolute path",
-            field=field,
-            line=line,
-        )
+        checks = CROSS_FILE_CHECKS.get(role, "the checks that read it")
+        skipped(job, f"{role} config", raw, why, checks, (file, field, line))
         return
     if job.outside(path, file, field, line):
         return
@@ -96,6 +101,54 @@ def _attach(job: Job, launch: Launch, role: str, flag: str, raw: str | None, var
     cfg = job.load(path)
     if cfg is not None:
         launch.configs[role] = cfg
+
+
+def run_time_base(job: Job, launch: Launch, raw: str) -> tuple[Path | None, str]:
+    """The directory a relative path in a launch starts from at run time: the one the script `cd`s into
+    before the launch (for `cd "$MM_ROOT"`, the MindSpeed-MM root given to the validator when there is one),
+    else, when the script does not cd (the job manager runs it from its own directory), the script's folder
+    when the path exists there, else the MindSpeed-MM root. (None, "") for an absolute path; (None, why) when
+    that directory cannot be known."""
+    if os.path.isabs(os.path.expanduser(raw.strip())):
+        return None, ""
+    cmd, script = launch.cmd, launch.script
+    if cmd.cd_line is not None:
+        if cmd.cwd is None:
+            return None, f"the script cd's (line {cmd.cd_line}) into a directory not known statically"
+        if job.mm_root is not None and cmd.cwd == script.info.env.get("MM_ROOT"):
+            return job.mm_root, ""
+        base = Path(os.path.expanduser(cmd.cwd))
+        return (base if base.is_absolute() else script.path.parent / base), ""
+    here = job.resolve(raw, base=script.path.parent)
+    if here is not None and exists(here):
+        return script.path.parent, ""
+    if job.mm_root is not None:
+        return job.mm_root, ""
+    return None, "the script does not cd, it is not next to the script, and the MindSpeed-MM root is unknown"
+
+
+def run_time_path(job: Job, launch: Launch, raw: str) -> tuple[Path | None, str]:
+    """Where a path in a launch points at run time (see `run_time_base`); (None, why) when unknown."""
+    base, why = run_time_base(job, launch, raw)
+    if base is None and why:
+        return None, why
+    return job.resolve(raw, base=base), ""
+
+
+def skipped(
+    job: Job, what: str, raw: str, why: str, checks: str, where: tuple[str, str | None, int | None]
+) -> None:
+    """The warning for a path whose run-time location cannot be known: which cross-file checks it costs."""
+    file, field, line = where
+    job.sink.warning(
+        "crossfile.skipped",
+        file,
+        f"{what} {raw!r} is relative and {why}, so where it is at run time is not known; skipped: {checks}",
+        "use an absolute or $JOB_DIR-based path, or cd into a known directory before the launch "
+        '(cd "$MM_ROOT" with MM_ROOT set, or pass mm_root)',
+        field=field,
+        line=line,
+    )
 
 
 def _missing(

@@ -16,6 +16,7 @@ from mm_agent.convert.manifest import MANIFEST, read_manifest
 from mm_agent.errors import MMAgentError
 from mm_agent.validate.files import open_text
 from mm_agent.validate.job import Job, Launch, to_int
+from mm_agent.validate.refs import CROSS_FILE_CHECKS, run_time_base, skipped
 
 TRACKER = "latest_checkpointed_iteration.txt"
 TRACKER_CHARS = 4096  # a tracker holds "release" or a step number; more is read no further
@@ -94,8 +95,15 @@ def _check_load(job: Job, launch: Launch) -> None:
             line=line,
         )
         return
+    base, why = run_time_base(job, launch, raw)
+    if base is None and why:
+        skipped(
+            job, "checkpoint directory (--load)", raw, why, CROSS_FILE_CHECKS["load"], (file, field, line)
+        )
+        return
     path = job.check_path(
         raw,
+        base=base,
         file=file,
         field=field,
         line=line,

@@ -37,6 +37,9 @@ class LaunchCommand:
     flags: dict[str, list[str | None]]
     positionals: list[str | None]
     has_unknown: bool
+    # the working directory it starts in: `cd` ran before it (cd_line), to `cwd` (None: not known statically)
+    cd_line: int | None = None
+    cwd: str | None = None
 
     def value(self, flag: str) -> str | None:
         values = self.flags.get(flag)
@@ -208,6 +211,8 @@ def parse_script(path: str, text: str) -> ScriptInfo:
     info = ScriptInfo(path=path, text=text)
     expander = Expander(info.env, path)
     depth = 0
+    cd_line: int | None = None
+    cwd: str | None = None
     for stmt in split_statements(text):
         words = split_words(stmt.text)
         while words and words[0] in ("then", "do", "else", "{", "!", "time"):
@@ -224,6 +229,11 @@ def parse_script(path: str, text: str) -> ScriptInfo:
         if head in _DECLARE or all(_ASSIGN.match(w) for w in words):
             _assign(info, expander, words, stmt.line, conditional=depth > 0)
             continue
+        if head == "cd":
+            target = expander.word(words[1]) if len(words) > 1 else [None]
+            cd_line = stmt.line
+            cwd = target[0] if len(target) == 1 and depth == 0 else None
+            continue
         if head in ("bash", "sh") and len(words) > 1 and not words[1].startswith("-"):
             target = expander.word(words[1])
             if len(target) == 1 and (target[0] is None or target[0].endswith(".sh")):
@@ -231,6 +241,7 @@ def parse_script(path: str, text: str) -> ScriptInfo:
             continue
         command = _launch(expander, words, stmt.line)
         if command is not None:
+            command.cd_line, command.cwd = cd_line, cwd
             info.commands.append(command)
     return info
 
