@@ -7,17 +7,26 @@ and a bad combination is refused once, with the field and the fix, before anythi
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mm_agent.errors import MMAgentError
 from mm_agent.fields import Name, PathText
 from mm_agent.paths import inside, resolve, where
 from mm_agent.registry import Registry, get_registry
-from mm_agent.registry.schema import Backend, ModelEntry, SizeSpec, TaskId, TaskSpec, VersionInfo
+from mm_agent.registry.schema import (
+    Backend,
+    ModelEntry,
+    SizeSpec,
+    TaskId,
+    TaskSpec,
+    VersionInfo,
+    version_key,
+)
 from mm_agent.wan_weights import WanWeights, read_wan_weights
 
 Runtime = Literal["mindspeed-mm", "bundled"]
@@ -165,6 +174,10 @@ class ResolvedJob(BaseModel):
     device: Device | None
     python: str = Field(description="interpreter bundled scripts default to (the one that rendered)")
 
+    def version_at_least(self, version: str) -> bool:
+        """Whether the job's MindSpeed-MM version is `version` or later (templates: stock changes by version)."""
+        return version_key(self.version.id) >= version_key(version)
+
 
 def _abs(base: Path, value: str) -> str:
     path = Path(value).expanduser()
@@ -280,6 +293,65 @@ def _check_bundled(entry: ModelEntry, task: TaskSpec, size: SizeSpec, par: dict[
         )
 
 
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+
+
+def _check_arch_flags(entry: ModelEntry, size: SizeSpec) -> None:
+    """`arch.stock_train_flags` (task -> switches the stock script adds) reach a launch script: each must be
+    a bare `--switch`, so a data edit can never put shell text into a job."""
+    flags = size.arch.get("stock_train_flags", {})
+    where_ = f"sizes[{size.id}].arch.stock_train_flags"
+    if not isinstance(flags, dict):
+        raise MMAgentError(
+            "must map a task to a list of flags",
+            file=f"models/{entry.id}.yaml",
+            field=where_,
+            fix="write e.g. {t2v: [--use-fused-rmsnorm]}",
+        )
+    for task_id, values in flags.items():
+        bad = (
+            [v for v in values if not isinstance(v, str) or not _FLAG.match(v)]
+            if isinstance(values, list)
+            else [values]
+        )
+        if bad:
+            raise MMAgentError(
+                f"{bad[0]!r} is not a bare --switch",
+                file=f"models/{entry.id}.yaml",
+                field=f"{where_}.{task_id}",
+                fix="list only switches such as --use-fused-rmsnorm (values go in parallel/arch fields)",
+            )
+
+
+def _task_defaults(entry: ModelEntry, size: SizeSpec, task: TaskSpec, spec: JobSpec) -> JobSpec:
+    """`arch.task_defaults.<task>`: the stock example's values for one task of this size where they differ
+    from the size's (e.g. Wan2.2 A14B LoRA: lr 1e-4 on 8 NPUs, full training 1e-5 on 16), applied to the
+    JobSpec fields the request left at their defaults."""
+    raw = size.arch.get("task_defaults", {}).get(task.id)
+    if not raw:
+        return spec
+    field = f"sizes[{size.id}].arch.task_defaults.{task.id}"
+    unknown = sorted(set(raw) - set(JobSpec.model_fields))
+    if unknown:
+        raise MMAgentError(
+            f"{unknown[0]!r} is not a render field",
+            file=f"models/{entry.id}.yaml",
+            field=field,
+            fix=f"use JobSpec fields: {', '.join(sorted(JobSpec.model_fields))}",
+        )
+    # A field still at JobSpec's own default counts as unset: requests reach here re-validated from a full
+    # model_dump (render_job), so model_fields_set cannot tell a typed default from an omitted one.
+    update = {k: v for k, v in raw.items() if getattr(spec, k) == JobSpec.model_fields[k].default}
+    if not update:
+        return spec
+    try:
+        return JobSpec.model_validate({**spec.model_dump(exclude_unset=True), **update})
+    except ValidationError as exc:
+        raise MMAgentError(
+            str(exc.errors()[0]["msg"]), file=f"models/{entry.id}.yaml", field=field, fix="correct the value"
+        ) from exc
+
+
 def _layers_for(
     spec: JobSpec, num_layers: int | None, pp: int, default: list[int] | None
 ) -> list[int] | None:
@@ -377,6 +449,8 @@ def resolve_job(
         )
     task = _pick_task(entry, spec, version_id)
     size = _pick_size(entry, task, spec)
+    _check_arch_flags(entry, size)
+    spec = _task_defaults(entry, size, task, spec)
     version = reg.versions.get(version_id)
     assert version is not None  # check_version guarantees it
     par = size.parallel
@@ -414,7 +488,10 @@ def resolve_job(
     gbs = mbs * dp * grad_acc
 
     jd = job_dir.resolve()
-    hf_id = size.hf_ids[0] if size.hf_ids else None
+    # The size's HF repo for this task (Wan2.1-I2V-14B-480P for 14b i2v), else its first one.
+    hf_id = next(
+        (h for h in size.hf_ids if f"-{task.id.upper()}-" in h), size.hf_ids[0] if size.hf_ids else None
+    )
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
     arch, wan = _wan_arch(entry, size, spec, weights, root)
 
@@ -436,6 +513,10 @@ def resolve_job(
         # MindSpeed-MM converts in place (release/ next to the safetensors). The bundled runtime gets its
         # own folder, so the HF download stays untouched and a job validates before conversion.
         default_load = f"{weights}-mm" if spec.runtime == "bundled" else str(Path(weights) / "transformer")
+    dit_subdir = size.arch.get("dit_subdir", {}).get(task.id)
+    if entry.converter is None and isinstance(dit_subdir, str):
+        # No conversion: LOAD_PATH is the DiT folder inside the HF download (HunyuanVideo-1.5 transformer/720p_t2v).
+        default_load = str(Path(weights) / dit_subdir)
     job = ResolvedJob(
         spec=spec,
         entry=entry,

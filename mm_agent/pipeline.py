@@ -248,6 +248,30 @@ def _vlm_parallel(prefix: str, tp: int, llm: Layers | None, vit: Layers | None, 
     return [*out, f"--cfg.{prefix}.tp_size", str(tp)]
 
 
+def converter_gap(conv: ConverterSpec, method: str, version: str) -> MMAgentError | None:
+    """Why `mm-convert <class> <method>` does not exist at MindSpeed-MM `version` (None: it does).
+
+    The registry records which releases' `checkpoint/` define the class and each later-added method; a
+    command for a release without them would fail in mm-convert with an unknown class or subcommand.
+    """
+    if not conv.versions.contains(version):
+        return MMAgentError(
+            f"MindSpeed-MM {version} has no {conv.class_name} in checkpoint/ "
+            f"(it ships in {conv.versions.describe()})",
+            field="mm_version",
+            fix=f"use a MindSpeed-MM version in {conv.versions.describe()}, or convert with that release's "
+            "own example script",
+        )
+    if not conv.has_method(method, version):
+        rng = conv.method_versions[method]
+        return MMAgentError(
+            f"{conv.class_name}.{method} is not in MindSpeed-MM {version} (it ships in {rng.describe()})",
+            field="mm_version",
+            fix=f"use a MindSpeed-MM version in {rng.describe()}",
+        )
+    return None
+
+
 def convert_command(
     entry: ModelEntry,
     size: SizeSpec,
@@ -283,6 +307,9 @@ def convert_command(
             field="converter.to_hf",
             fix=f"use one of {', '.join(conv.methods)} by hand, or keep the training checkpoint",
         )
+    gap = converter_gap(conv, method, version)
+    if gap is not None:
+        raise gap
     par = size.parallel
     vlm = is_vlm_converter(entry)
     if vlm:
@@ -499,8 +526,18 @@ def _weights(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
             summary=f"Download only; {entry.name} trains from the HF checkpoint",
         )
     source, target = convert_dirs(entry, size)
-    argv = convert_command(entry, size, version, source=source, target=target)
-    cmds.append(_sh(argv))
+    conv = entry.converter
+    gap = converter_gap(conv, conv.to_training, version)
+    if gap is not None:
+        notes.append(f"{gap.message}; fix: {gap.fix}")
+    else:
+        cmds.append(_sh(convert_command(entry, size, version, source=source, target=target)))
+    if not conv.cli_registered:
+        notes.append(
+            f"MindSpeed-MM's checkpoint/__init__.py does not import {conv.class_name}'s module, so "
+            f"`mm-convert {conv.class_name}` reports an unknown class: import that module in "
+            "checkpoint/__init__.py first (the README's command fails as written)"
+        )
     notes += [n for n in entry.notes if "convert" in n.lower() or "load_path" in n.lower()]
     return PipelineStage(
         stage="weights",
@@ -589,6 +626,11 @@ def _export(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
         why = "the converter has no to-HF method" if conv else "training saves Hugging Face-format weights"
         return PipelineStage(stage="export", applies=False, summary=f"No export step: {why}")
     target = f"ckpt/hf_export/{entry.id}-{size.id}"
+    gap = converter_gap(conv, conv.to_hf, version)
+    if gap is not None:
+        return PipelineStage(
+            stage="export", applies=False, summary=f"No export step: {gap.message}", notes=[gap.fix or ""]
+        )
     argv = convert_command(entry, size, version, source="save_dir", target=target, direction="to_hf")
     notes = ["`save_dir` is the training --save folder."]
     if conv.target_format == "dcp":

@@ -155,7 +155,7 @@ def _check_out_dir(target: Path, base: Path, root: Path | None) -> None:
 
 def _next_steps(job: ResolvedJob) -> list[str]:
     """The commands that take this job from nothing to training, in order, with this job's paths."""
-    from mm_agent.pipeline import bundled_convert_command, convert_command
+    from mm_agent.pipeline import bundled_convert_command, convert_command, converter_gap
 
     d = job.job_dir
     steps: list[str] = []
@@ -173,7 +173,10 @@ def _next_steps(job: ResolvedJob) -> list[str]:
             steps.append(f"mm-agent sample {shlex.quote(d)} --yes --wait")
         return steps
     conv = job.entry.converter
-    if conv is not None:
+    gap = converter_gap(conv, conv.to_training, job.version.id) if conv is not None else None
+    if gap is not None:
+        steps.append(f"# no mm-convert step: {gap.message}; {gap.fix}")
+    elif conv is not None:
         vlm = job.llm_pp_layers is not None
         in_place = job.load_path == str(Path(job.weights_dir) / "transformer")
         argv = convert_command(

@@ -214,8 +214,10 @@ def build_server(
     @mcp.tool(name="validate_configs", title="Validate job configs before launch", annotations=READ_ONLY)
     async def validate_configs_tool(req: ValidateRequest) -> ValidationReport:
         """Parse a job directory or files and check every per-file and cross-file rule (parallel sizes,
-        pipeline layers, checkpoint layout under LOAD_PATH, data formats). Returns findings with severity,
-        rule, file, field, message and fix; ok=false when any error is found."""
+        pipeline layers, checkpoint layout under LOAD_PATH, data formats). With mm_root naming a MindSpeed-MM
+        checkout in the workspace, that checkout's real argument parser and validate_args also judge every
+        torchrun launch (mmparser.* findings). Returns findings with severity, rule, file, field, message and
+        fix; ok=false when any error is found."""
         return await guard.run(lambda: validate_configs(req, root=root), _call)
 
     @mcp.tool(name="diagnose_errors", title="Find the root cause in training logs", annotations=READ_ONLY)

@@ -160,12 +160,29 @@ def test_wan22_a14b_high_noise_job(tmp_path: Path) -> None:
     assert "transformer_2" in files["pretrain.sh"]  # the low-noise expert is explained
 
 
-def test_non_wan_predictor_uses_stock_configs(tmp_path: Path) -> None:
-    _, files = _render(tmp_path, "hunyuanvideo_1.5", "t2v")
-    assert "pretrain_model.json" not in files and "data.json" not in files
+@pytest.mark.parametrize("task", ["t2v", "i2v"])
+def test_hunyuanvideo15_job_local_configs(tmp_path: Path, task: str) -> None:
+    """HunyuanVideo-1.5 gets its own configs with the download's paths, and LOAD_PATH is the DiT folder."""
+    job, files = _render(tmp_path, "hunyuanvideo_1.5", task)
+    weights = str(Path("weights/tencent/HunyuanVideo-1.5").resolve())
+    model = json.loads(files["pretrain_model.json"])
+    data = json.loads(files["data.json"])
+    assert 'MM_MODEL="$JOB_DIR/pretrain_model.json"' in files["pretrain.sh"]
+    assert f"LOAD_PATH={weights}/transformer/720p_{task}" in files["pretrain.sh"]
+    assert "export MULTI_STREAM_MEMORY_REUSE=2" in files["pretrain.sh"]
+    assert model["ae"]["from_pretrained"] == f"{weights}/vae/diffusion_pytorch_model.safetensors"
+    assert [t["from_pretrained"] for t in model["text_encoder"]] == [
+        f"{weights}/text_encoder/llm",
+        f"{weights}/text_encoder/byt5-small",
+    ]
+    assert data["dataset_param"]["basic_parameters"]["data_path"] == str(job / "data.txt")
+    assert ("i2v_processor" in model["ae"]) == (task == "i2v")
+    infer = json.loads(files["inference_model.json"])
     assert (
-        'MM_MODEL="$MM_ROOT"/examples/hunyuanvideo_1.5/t2v/model_hunyuanvideo_15.json' in files["pretrain.sh"]
+        infer["predictor"]["from_pretrained"]
+        == f"{weights}/transformer/720p_{task}/diffusion_pytorch_model.safetensors"
     )
+    assert infer["diffusion"]["sp_size"] == 8 and "CP=$NPUS_PER_NODE" in files["inference.sh"]
 
 
 def test_flux_accelerate_world_size(tmp_path: Path) -> None:
@@ -187,7 +204,7 @@ def test_flux_accelerate_world_size(tmp_path: Path) -> None:
 def test_custom_runs_stock_script(tmp_path: Path) -> None:
     _, files = _render(tmp_path, "wan2.1", "dpo")
     sh = files["launch.sh"]
-    assert 'STOCK_SCRIPT="$MM_ROOT"/examples/wan2.1/14b/t2v/posttrain_dpo.sh' in sh
+    assert 'STOCK_SCRIPT="$MM_ROOT"/examples/wan2.1/14b/i2v/posttrain.sh' in sh
     assert 'bash "$STOCK_SCRIPT" "$@"' in sh
     assert "export NPUS_PER_NODE MASTER_ADDR MASTER_PORT NNODES NODE_RANK" in sh
     assert "export LOAD_PATH=" in sh and "export SAVE_PATH=" in sh
@@ -307,3 +324,66 @@ def test_unreached_branches_render_clean(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("MM_AGENT_REGISTRY_DIR", str(data))
     job, files = _render(tmp_path, model, case["task"])
     _check_files(job, files)
+
+
+def test_wan21_stock_extras(tmp_path: Path) -> None:
+    """The stock Wan2.1 scripts' per-size extras: LayerZero + fused RMSNorm for 14B, recompute 20 for 1.3B t2v,
+    and the inference script's batch, precision and mask flags (Megatron asserts a micro batch size)."""
+    _, big = _render(tmp_path / "a", "wan2.1", "t2v", size="14b")
+    sh = big["pretrain.sh"]
+    assert (
+        "--layerzero \\" in sh
+        and '--layerzero-config "$LAYERZERO_CONFIG"' in sh
+        and "--use-fused-rmsnorm" in sh
+    )
+    assert "--overlap-param-gather" not in sh
+    assert yaml.safe_load(big["zero_config.yaml"])["zero3_size"] == 8
+    infer = json.loads(big["inference_model.json"])
+    assert infer["diffusion"]["flow_shift"] == 3.0 and infer["pipeline_config"]["cpu_offload"] is True
+    for flag in (
+        "--micro-batch-size $MBS",
+        "--global-batch-size $GBS",
+        "--bf16",
+        "--attention-mask-type general",
+    ):
+        assert flag in big["inference.sh"], flag
+    _, small = _render(tmp_path / "b", "wan2.1", "t2v", size="1.3b")
+    assert "--recompute-num-layers 20" in small["pretrain.sh"] and "zero_config.yaml" not in small
+    _, i2v = _render(tmp_path / "c", "wan2.1", "i2v", size="14b")
+    infer = json.loads(i2v["inference_model.json"])
+    assert infer["image"].endswith("/samples_images.txt") and "image_encoder" in infer
+    assert "Wan2.1-I2V-14B-480P-Diffusers" in infer["image_encoder"]["from_pretrained"]
+    assert "CP=2" in i2v["pretrain.sh"]  # the stock 14b i2v layout (arch.task_defaults)
+
+
+def test_task_defaults_apply_only_when_unset(tmp_path: Path) -> None:
+    """Wan2.2 A14B LoRA takes the stock LoRA lr and NPU count; a value the request sets wins."""
+    _, lora = _render(tmp_path / "a", "wan2.2", "lora")
+    assert "--lr 0.0001" in lora["pretrain.sh"] and "NPUS_PER_NODE=8" in lora["pretrain.sh"]
+    _, full = _render(tmp_path / "b", "wan2.2", "t2v", size="a14b")
+    assert "--lr 1e-05" in full["pretrain.sh"] and "NPUS_PER_NODE=16" in full["pretrain.sh"]
+    _, mine = _render(tmp_path / "c", "wan2.2", "lora", lr=2e-4, npus_per_node=4)
+    assert "--lr 0.0002" in mine["pretrain.sh"] and "NPUS_PER_NODE=4" in mine["pretrain.sh"]
+
+
+def test_wan22_gets_inference_files(tmp_path: Path) -> None:
+    for size, task in (("5b", "ti2v"), ("a14b", "i2v")):
+        _, files = _render(tmp_path / size, "wan2.2", task, size=size)
+        infer = json.loads(files["inference_model.json"])
+        assert "--micro-batch-size $MBS" in files["inference.sh"] and "samples_images.txt" in files
+        assert ("low_noise_predictor" in infer) == (size == "a14b")
+
+
+@pytest.mark.parametrize("bad", [["--ok", "--x; rm -rf /"], ["--ok $(id)"], "--single"])
+def test_stock_flags_must_be_bare_switches(bad: Any) -> None:
+    from mm_agent.errors import MMAgentError
+    from mm_agent.jobspec import _check_arch_flags
+
+    entry = get_registry().get("wan2.1")
+    size = entry.sizes[0].model_copy(update={"arch": {"stock_train_flags": {"t2v": bad}}})
+    with pytest.raises(MMAgentError) as info:
+        _check_arch_flags(entry, size)
+    assert (
+        info.value.field == "sizes[1.3b].arch.stock_train_flags.t2v"
+        and info.value.file == "models/wan2.1.yaml"
+    )

@@ -8,6 +8,7 @@ pretrain_transformers.py schema (/work/shared/reference/mindspeed-mm.md ยง1.4, ย
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -301,3 +302,86 @@ def test_fsdp2_native_config(tmp_path: Path) -> None:
     script = (out / "train.sh").read_text(encoding="utf-8")
     assert "export NON_MEGATRON=true\n" in script
     assert 'mindspeed_mm/fsdp/train/trainer.py "$JOB_DIR/config.yaml"' in script
+
+
+def test_qwen25vl_sizes_keep_the_stock_batch_and_model_keys(tmp_path: Path) -> None:
+    """Defaults equal examples/qwen2.5vl (26.x): GBS 192 for 7b (48 x DP 4), no recompute keys the stock model
+    configs lack, the 7b model's bias_activation_fusion and llm_hidden_size, 72b's qwen2_5_vit on 16 NPUs."""
+    out = _render(tmp_path, "qwen2.5vl", "sft", size="7b")
+    script = (out / "finetune.sh").read_text(encoding="utf-8")
+    assert "GRAD_ACC_STEP=48\n" in script and "NPUS_PER_NODE=8\n" in script and "PP=2\n" in script
+    assert "--no-gradient-accumulation-fusion" not in script  # the 7b stock launcher leaves it out
+    model = _load(out / "model.json")
+    assert not any(k.startswith("recompute") for k in model["text_decoder"])
+    assert "video_token_id" not in model and "use_remove_padding" not in model["text_decoder"]
+    assert model["text_decoder"]["bias_activation_fusion"] is True
+    assert model["image_encoder"]["vision_encoder"]["bias_activation_fusion"] is True
+    assert model["image_encoder"]["vision_encoder"]["llm_hidden_size"] == 3584
+    big = _render(tmp_path / "72b", "qwen2.5vl", "sft", size="72b")
+    big_model = _load(big / "model.json")
+    assert big_model["image_encoder"]["vision_encoder"]["model_id"] == "qwen2_5_vit"
+    assert "patch" not in big_model and "llm_hidden_size" not in big_model["image_encoder"]["vision_encoder"]
+    big_script = (big / "finetune.sh").read_text(encoding="utf-8")
+    assert "NPUS_PER_NODE=16\n" in big_script and "GRAD_ACC_STEP=96\n" in big_script
+    assert "export CPU_AFFINITY_CONF=2\n" in big_script
+    assert "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True\n" in big_script
+
+
+def test_qwen25vl_inference_image_follows_the_version(tmp_path: Path) -> None:
+    """26.0.0 ships examples/qwen2vl/demo.jpeg; sources/images/demo/demo.jpeg came with 26.1.0."""
+    for version, image in (
+        ("26.0.0", "examples/qwen2vl/demo.jpeg"),
+        ("26.1.0", "sources/images/demo/demo.jpeg"),
+    ):
+        out = _render(tmp_path / version, "qwen2.5vl", "sft", size="7b", mm_version=version, mm_root="/mm")
+        assert _load(out / "inference_model.json")["image_path"] == f"/mm/{image}"
+
+
+def test_qwen25omni_renders_its_model_and_stock_data_columns(tmp_path: Path) -> None:
+    out = _render(tmp_path, "qwen2.5omni", "sft", size="7b")
+    data = _load(out / "data.json")["dataset_param"]
+    assert data["attr"]["videos"] == "videos" and data["attr"]["audios"] == "audios"
+    assert data["attr"]["images"] is None
+    assert data["preprocess_parameters"]["video_maxlen"] == 128
+    script = (out / "finetune.sh").read_text(encoding="utf-8")
+    assert 'MM_MODEL="$JOB_DIR/model.json"' in script  # rendered, so pipeline_num_layers follow the job's PP
+    assert "--distributed-timeout-minutes 600" in script and "--context-parallel-algo" not in script
+    assert "export CPU_AFFINITY_CONF=2\n" in script
+    model = _load(out / "model.json")
+    assert model["audio_encoder"]["audio_encoder"]["pipeline_num_layers"] == [32, 0]
+    assert model["text_decoder"]["model_id"] == "qwen2_5_omni_thinker"
+    assert model["text_decoder"]["pipeline_num_layers"] == [11, 17]
+    pp4 = _load(_render(tmp_path / "pp4", "qwen2.5omni", "sft", size="7b", pp=4) / "model.json")
+    assert len(pp4["audio_encoder"]["audio_encoder"]["pipeline_num_layers"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("model", "size", "pp"), [("glm4.1v", "9b", 4), ("internvl3", "8b", 4), ("qwen2vl", "7b", 4)]
+)
+def test_stock_model_config_gets_its_pipeline_split(tmp_path: Path, model: str, size: str, pp: int) -> None:
+    """These jobs pass the stock model_<size>.json, which is split for the stock PP: the job must use that PP."""
+    script = (_render(tmp_path, model, "sft", size=size) / "finetune.sh").read_text(encoding="utf-8")
+    assert f"PP={pp}\n" in script
+    assert "--variable-seq-lengths" in script
+
+
+ENV_LINE = re.compile(r"^export [A-Z_][A-Z0-9_]*=[A-Za-z0-9_.:,=/-]*$")
+GPT_LINE = re.compile(r"^    --[a-z0-9][a-z0-9-]*(?: (?:\$[A-Z]+|[A-Za-z0-9_.:/-]+))*(?: \\)?$")
+
+
+@pytest.mark.parametrize(("model", "task", "backend"), CASES, ids=["-".join(c) for c in CASES])
+def test_data_driven_env_and_flags_stay_plain_tokens(
+    tmp_path: Path, model: str, task: str, backend: str
+) -> None:
+    """`env` / `gpt_flags` / `native_env` / `tf_env` (mm_profile.j2, registry arch) reach the scripts: every
+    exported value and every GPT_ARGS line must be a plain token, never shell text."""
+    out = _render(tmp_path, model, task, backend=backend)
+    for script in out.rglob("*.sh"):
+        lines = script.read_text(encoding="utf-8").splitlines()
+        for line in lines:
+            if line.startswith("export ") and "=" in line:
+                assert ENV_LINE.match(line), f"{script.name}: {line!r}"
+        if 'GPT_ARGS="' in lines:
+            start = lines.index('GPT_ARGS="')
+            for line in lines[start + 1 : lines.index('"', start + 1)]:
+                assert GPT_LINE.match(line), f"{script.name}: {line!r}"

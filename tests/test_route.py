@@ -350,3 +350,20 @@ def test_no_model_for_task_asks_instead_of_guessing() -> None:
         assert r.candidates and r.candidates[0].task == "v2v"
     else:
         assert r.candidates == [] and r.question
+
+
+def test_a_converter_missing_at_the_version_gives_a_note_not_a_failing_command() -> None:
+    """Qwen3TTSConverter ships in checkpoint/ only from 26.1.0: at 26.0.0 the pipeline names the gap and the fix."""
+    reg = get_registry()
+    entry = reg.get("qwen3tts")
+    task, size = entry.tasks[0], entry.sizes[0]
+    old = {s.stage: s for s in build_pipeline(entry, task, size, "26.0.0")}
+    assert not any("mm-convert" in c for c in old["weights"].commands)
+    assert any("26.0.0 has no Qwen3TTSConverter" in n and "26.1.0" in n for n in old["weights"].notes)
+    assert not old["export"].applies and "26.1.0" in old["export"].summary
+    with pytest.raises(MMAgentError) as info:
+        convert_command(entry, size, "26.0.0", source="hf", target="out")
+    assert info.value.field == "mm_version"
+    new = {s.stage: s for s in build_pipeline(entry, task, size, "26.1.0")}
+    assert any("mm-convert Qwen3TTSConverter" in c for c in new["weights"].commands)
+    assert new["export"].applies
