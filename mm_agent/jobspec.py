@@ -24,6 +24,7 @@ from mm_agent.registry.schema import (
     SizeSpec,
     TaskId,
     TaskSpec,
+    TrainDefaults,
     VersionInfo,
     version_key,
 )
@@ -33,6 +34,10 @@ Runtime = Literal["mindspeed-mm", "bundled"]
 Device = Literal["auto", "npu", "cuda", "cpu"]
 BUNDLED_TEMPLATE = "bundled_generative"
 DEFAULT_SEED = 1234  # Megatron's --seed default, so an unseeded bundled job matches MindSpeed-MM's
+# What a job trains with when neither the request, the size's arch.task_defaults nor the task's registry
+# train_defaults (the stock launcher's values) set the field; the bundled runtime's own defaults.
+GENERIC_TRAIN_DEFAULTS = TrainDefaults(train_iters=5000, lr=1e-5, num_workers=8, save_interval=10000)
+TRAIN_FIELDS = ("train_iters", "lr", "num_workers", "save_interval")
 # Spatial multiple the frame size must have before the VAE stride and patch size are known (8 x 2).
 _MIN_HW_MULTIPLE = 16
 
@@ -75,11 +80,26 @@ class JobSpec(BaseModel):
     pipeline_num_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
         default=None, max_length=1024, description="layers per PP stage"
     )
-    train_iters: int = Field(default=5000, ge=1, le=1_000_000_000)
-    lr: float = Field(default=1e-5, gt=0, le=10, allow_inf_nan=False)
+    train_iters: int | None = Field(
+        default=None, ge=1, le=1_000_000_000, description="training iterations (default: the stock example's)"
+    )
+    lr: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        allow_inf_nan=False,
+        description="learning rate (default: the stock example's)",
+    )
     recompute: bool = True
-    num_workers: int = Field(default=8, ge=0, le=64)
-    save_interval: int = Field(default=10000, ge=1, le=1_000_000_000)
+    num_workers: int | None = Field(
+        default=None, ge=0, le=64, description="DataLoader workers per rank (default: the stock example's)"
+    )
+    save_interval: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="iterations between checkpoints (default: the stock example's)",
+    )
     runtime: Runtime = Field(
         default="mindspeed-mm",
         description="mindspeed-mm: scripts run MindSpeed-MM in its checkout; bundled: mm-agent's own "
@@ -172,6 +192,10 @@ class ResolvedJob(BaseModel):
     text_len: int | None = Field(description="from the spec or the tokenizer; None = the stock value")
     seed: int
     device: Device | None
+    train_iters: int = Field(description="the request's, else the stock example's (registry), else generic")
+    lr: float
+    num_workers: int
+    save_interval: int
     python: str = Field(description="interpreter bundled scripts default to (the one that rendered)")
 
     def version_at_least(self, version: str) -> bool:
@@ -339,8 +363,8 @@ def _task_defaults(entry: ModelEntry, size: SizeSpec, task: TaskSpec, spec: JobS
             field=field,
             fix=f"use JobSpec fields: {', '.join(sorted(JobSpec.model_fields))}",
         )
-    # A field still at JobSpec's own default counts as unset: requests reach here re-validated from a full
-    # model_dump (render_job), so model_fields_set cannot tell a typed default from an omitted one.
+    # A field still at JobSpec's own default counts as unset (None for the stock-valued fields): a spec read
+    # back from job.yaml or built by a caller may set a field to its default explicitly.
     update = {k: v for k, v in raw.items() if getattr(spec, k) == JobSpec.model_fields[k].default}
     if not update:
         return spec
@@ -350,6 +374,20 @@ def _task_defaults(entry: ModelEntry, size: SizeSpec, task: TaskSpec, spec: JobS
         raise MMAgentError(
             str(exc.errors()[0]["msg"]), file=f"models/{entry.id}.yaml", field=field, fix="correct the value"
         ) from exc
+
+
+def train_values(spec: JobSpec, task: TaskSpec) -> dict[str, Any]:
+    """train_iters / lr / num_workers / save_interval of a job: the request's (a size's arch.task_defaults are
+    already applied to it), else the task's stock values (registry `train_defaults`; MindSpeed-MM jobs only),
+    else GENERIC_TRAIN_DEFAULTS (also what the bundled runtime trains with)."""
+    stock = task.train_defaults if spec.runtime == "mindspeed-mm" else TrainDefaults()
+    out: dict[str, Any] = {}
+    for name in TRAIN_FIELDS:
+        value = getattr(spec, name)
+        if value is None:
+            value = getattr(stock, name)
+        out[name] = value if value is not None else getattr(GENERIC_TRAIN_DEFAULTS, name)
+    return out
 
 
 def _layers_for(
@@ -559,6 +597,7 @@ def resolve_job(
         text_len=spec.text_len or (wan.text_len if wan is not None else None),
         seed=spec.seed if spec.seed is not None else DEFAULT_SEED,
         device=spec.device,
+        **train_values(spec, task),
         python=sys.executable,
     )
     if root is not None:

@@ -208,7 +208,8 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     base = (root or Path.cwd()).resolve()
     target = confine(req.out_dir, root, "out_dir") if root else resolve(base / req.out_dir, "out_dir")
     _check_out_dir(target, base, root)
-    spec = JobSpec.model_validate(req.model_dump(include=set(JobSpec.model_fields)))
+    # exclude_unset: the spec's model_fields_set is what the request gave, not every field at its default
+    spec = JobSpec.model_validate(req.model_dump(include=set(JobSpec.model_fields), exclude_unset=True))
     job = resolve_job(spec, target, base=base, root=root)
     files = render_files(job)
     status: str = "dry_run"

@@ -216,8 +216,9 @@ def build_server(
         """Parse a job directory or files and check every per-file and cross-file rule (parallel sizes,
         pipeline layers, checkpoint layout under LOAD_PATH, data formats). With mm_root naming a MindSpeed-MM
         checkout in the workspace, that checkout's real argument parser and validate_args also judge every
-        torchrun launch (mmparser.* findings). Returns findings with severity, rule, file, field, message and
-        fix; ok=false when any error is found."""
+        torchrun launch (mmparser.* findings): that imports the checkout's argument code in a child process
+        (own process group, killed at the end or on timeout), so name only a checkout you trust. Returns
+        findings with severity, rule, file, field, message and fix; ok=false when any error is found."""
         return await guard.run(lambda: validate_configs(req, root=root), _call)
 
     @mcp.tool(name="diagnose_errors", title="Find the root cause in training logs", annotations=READ_ONLY)

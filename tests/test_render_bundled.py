@@ -276,7 +276,9 @@ def test_rerender_keeps_features_and_samples(tmp_path: Path, tiny: Path) -> None
     assert (job / "sora_features" / "data.jsonl").read_text() == '{"file": "features/a.pt"}\n'
     assert (job / "samples" / "sample_0.mp4").read_bytes() == b"mp4"
     backup = Path(str(replaced.backup_dir))
-    assert "train_iters: 5000" in (backup / "job.yaml").read_text() and not (backup / "samples").exists()
+    # the replaced job left train_iters to its default (not written); the new one asked for 10
+    assert "train_iters" not in (backup / "job.yaml").read_text() and not (backup / "samples").exists()
+    assert "train_iters: 10\n" in (job / "job.yaml").read_text()
     assert "train_iters: 10" in (job / "job.yaml").read_text()
 
 

@@ -91,7 +91,7 @@ def test_renders_clean(
     if template == "custom":
         assert {"launch.sh", "README.md"} <= set(files)
     elif template == "accelerate_deepspeed":
-        assert {"finetune.sh", "accelerate_config.yaml", "ds_config.json", "README.md"} <= set(files)
+        assert {"finetune.sh", "accelerate_config.yaml", "README.md"} <= set(files)
     else:
         assert {"pretrain.sh", "data.txt", "tools.json"} <= set(files)
         assert "export CUDA_DEVICE_MAX_CONNECTIONS=2" in files["pretrain.sh"]
@@ -186,19 +186,49 @@ def test_hunyuanvideo15_job_local_configs(tmp_path: Path, task: str) -> None:
 
 
 def test_flux_accelerate_world_size(tmp_path: Path) -> None:
-    job, files = _render(tmp_path, "flux", "t2i", npus_per_node=4, nnodes=2)
+    _, files = _render(tmp_path, "flux", "t2i", npus_per_node=4, nnodes=2)
     acc = yaml.safe_load(files["accelerate_config.yaml"])
     assert acc["num_processes"] == 8 and acc["num_machines"] == 2
     assert acc["compute_environment"] == "LOCAL_MACHINE" and acc["distributed_type"] == "DEEPSPEED"
     assert acc["mixed_precision"] == "bf16"
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == str(job / "ds_config.json")
-    ds = json.loads(files["ds_config.json"])
-    assert ds["zero_optimization"]["stage"] == 2 and ds["bf16"]["enabled"] is True
-    assert ds["train_micro_batch_size_per_gpu"] == "auto" and ds["gradient_accumulation_steps"] == "auto"
+    # the stock bf16_accelerate_config.yaml: ZeRO-2 inline, grad-acc 4, no separate DeepSpeed JSON
+    assert (
+        acc["deepspeed_config"]["zero_stage"] == 2
+        and acc["deepspeed_config"]["gradient_accumulation_steps"] == 4
+    )
+    assert "ds_config.json" not in files
     sh = files["finetune.sh"]
+    assert "MBS=16" in sh and "GRAD_ACC_STEP=4" in sh and "--checkpointing_steps 50000" in sh
     assert 'accelerate launch --config_file "$JOB_DIR/accelerate_config.yaml"' in sh
     assert "NPUS_PER_NODE=4" in sh and "NNODES=2" in sh and '--num_processes "$WORLD_SIZE"' in sh
     assert '--output_dir "$SAVE_PATH"' in sh and '--train_batch_size "$MBS"' in sh
+
+
+def test_sd3_lora_keeps_the_stock_deepspeed_json(tmp_path: Path) -> None:
+    job, files = _render(tmp_path, "sd3", "lora")
+    acc = yaml.safe_load(files["accelerate_config.yaml"])
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == str(job / "ds_config.json")
+    assert "mixed_precision" not in acc  # accelerate refuses it next to deepspeed_config_file
+    ds = json.loads(files["ds_config.json"])
+    assert ds["zero_optimization"]["stage"] == 2 and ds["fp16"]["enabled"] == "auto"
+    assert (
+        "--mixed_precision fp16" in files["finetune.sh"]
+        and "--gradient_checkpointing" not in files["finetune.sh"]
+    )
+
+
+def test_flux2_uses_the_stock_fsdp_config(tmp_path: Path) -> None:
+    _, files = _render(tmp_path, "flux2", "t2i")
+    acc = yaml.safe_load(files["accelerate_config.yaml"])
+    assert acc["distributed_type"] == "FSDP" and "deepspeed_config" not in acc
+    assert (
+        acc["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"]
+        == "Flux2TransformerBlock,Flux2SingleTransformerBlock"
+    )
+    assert (
+        "export MULTI_STREAM_MEMORY_REUSE=2" in files["finetune.sh"]
+        and "--fsdp_text_encoder" in files["finetune.sh"]
+    )
 
 
 def test_custom_runs_stock_script(tmp_path: Path) -> None:
@@ -387,3 +417,45 @@ def test_stock_flags_must_be_bare_switches(bad: Any) -> None:
         info.value.field == "sizes[1.3b].arch.stock_train_flags.t2v"
         and info.value.file == "models/wan2.1.yaml"
     )
+
+
+def test_sora_family_jobs_use_their_own_stock_configs(tmp_path: Path) -> None:
+    """HunyuanVideo / StepVideo / Open-Sora-Plan 1.3 jobs: the stock model config of their task, their own
+    extraction and feature configs (not Wan2.1's), their stock switches, and the LoRA adapter for LoRA."""
+    _, hy = _render(tmp_path / "hy", "hunyuanvideo", "lora")
+    assert 'MM_MODEL="$MM_ROOT"/examples/hunyuanvideo/i2v/model_hunyuanvideo_i2v.json' in hy["pretrain.sh"]
+    fe_model = json.loads(hy["feature_extract/model_t2v.json"])
+    assert fe_model["ae"]["model_id"] == "autoencoder_kl_hunyuanvideo"
+    assert [t["model_id"] for t in fe_model["text_encoder"]] == ["HunyuanMLLmModel", "CLIP"]
+    fe_data = json.loads(hy["feature_extract/data.json"])
+    assert list(fe_data["dataset_param"]["preprocess_parameters"]["train_pipeline"]) == ["video"]
+    assert json.loads(hy["feature_data.json"])["dataset_param"]["dataset_type"] == "feature"
+    sh = hy["pretrain.sh"]
+    assert "--lora-r 64" in sh and "--lora-target-modules linear fc1 fc2" in sh and "--weight-decay 0.0" in sh
+    assert "--sequence-parallel" in sh and "--recompute-num-layers 42" in sh
+    assert "--attention-mask-type" not in sh and "--virtual-pipeline-model-parallel-size" not in sh
+
+    _, st = _render(tmp_path / "st", "stepvideo", "t2v")
+    assert "TP=8" in st["pretrain.sh"] and "export MULTI_STREAM_MEMORY_REUSE=1" in st["pretrain.sh"]
+    assert "--adam-eps 1e-15" in st["pretrain.sh"] and "--no-load-optim" not in st["pretrain.sh"]
+    assert json.loads(st["feature_extract/model_t2v.json"])["ae"]["model_id"] == "stepvideovae"
+    assert json.loads(st["feature_data.json"])["dataset_param"]["skip_define_frame_index"] is True
+
+    _, osp = _render(tmp_path / "osp", "opensoraplan1.3", "t2v")
+    extract = osp["feature_extract/feature_extraction.sh"]
+    assert 'MM_MODEL="$MM_ROOT"/examples/opensoraplan1.3/t2v_A3/pretrain_t2v_model.json' in extract
+    assert "feature_extract/model_t2v.json" not in osp
+    assert json.loads(osp["feature_data.json"])["dataset_param"]["preprocess_parameters"]["num_frames"] == 45
+
+
+def test_wan_job_keeps_the_template_defaults(tmp_path: Path) -> None:
+    sh = _render(tmp_path, "wan2.1", "t2v")[1]["pretrain.sh"]
+    for flag in (
+        "--adam-eps 1e-8",
+        "--lr-warmup-init 0",
+        "--weight-decay 1e-2",
+        "--clip-grad 1.0",
+        "--no-load-optim",
+    ):
+        assert flag in sh
+    assert "--lora-r" not in sh and "MULTI_STREAM_MEMORY_REUSE" not in sh

@@ -140,6 +140,21 @@ def test_fe_data_needs_two_stage_pipeline(job: Path) -> None:
     assert "key not found in vid_img_process" in f.message
 
 
+@pytest.mark.parametrize("script", ["get_vace_feature.py", "get_sora_feature.py", "get_hunyuan_feature.py"])
+def test_two_stage_pipeline_only_for_scripts_that_read_it(job: Path, script: str) -> None:
+    # upstream's get_vace/sora/hunyuan_feature.py never read video_only / video_and_first_frame (only
+    # get_wan_feature.py does), so their data.json (the stock VACE one, for one) has no such keys
+    sub(job / "feature_extract" / "feature_extraction.sh", r"get_wan_feature\.py", script)
+    data = job / "feature_extract" / "data.json"
+
+    def drop() -> None:
+        edit_json(
+            data, lambda d: d["dataset_param"]["preprocess_parameters"]["train_pipeline"].pop("video_only")
+        )
+
+    assert [f for f in new_findings(job, drop) if f.rule == "fe.train_pipeline"] == []
+
+
 def test_tools_needs_sorafeature_for_extraction(job: Path) -> None:
     tools = job / "tools.json"
     found = new_findings(job, lambda: edit_json(tools, lambda d: d.pop("sorafeature")))

@@ -126,7 +126,12 @@ class Context:
             ctx.model, ctx.task, ctx.version = ctx.job.entry, ctx.job.task, ctx.job.version
             ctx.size = ctx.job.size
             ctx.npus_per_node, ctx.nnodes, ctx.tp = ctx.job.npus_per_node, ctx.job.nnodes, ctx.job.tp
-            ctx.num_workers, ctx.num_workers_source = spec.num_workers, f"{JOB_FILE} num_workers"
+            ctx.num_workers = ctx.job.num_workers
+            ctx.num_workers_source = (
+                f"{JOB_FILE} num_workers"
+                if spec.num_workers is not None
+                else "the stock example's (registry)"
+            )
         else:
             version = reg.versions.get(reg.check_version(req.mm_version or reg.versions.default))
             assert version is not None  # check_version raised otherwise

@@ -205,6 +205,16 @@ class SizeSpec(_Frozen):
         }
 
 
+class TrainDefaults(_Frozen):
+    """The stock launcher's training length, learning rate, DataLoader workers and checkpoint interval: what a
+    job renders when the request leaves the field unset (None = mm-agent's generic value, jobspec.py)."""
+
+    train_iters: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    lr: float | None = Field(default=None, gt=0, le=10, allow_inf_nan=False)
+    num_workers: int | None = Field(default=None, ge=0, le=64)
+    save_interval: int | None = Field(default=None, ge=1, le=1_000_000_000)
+
+
 class TaskSpec(_Frozen):
     id: TaskId
     backend: Backend
@@ -222,6 +232,11 @@ class TaskSpec(_Frozen):
     sizes: list[str] | None = Field(default=None, description="sizes this task exists for; None = all")
     versions: VersionRange = VersionRange()
     launcher: Literal["torchrun", "accelerate", "python", "bash"] = "torchrun"
+    train_defaults: TrainDefaults = Field(
+        default_factory=TrainDefaults,
+        description="the stock example_script's train_iters / lr / num_workers / save_interval where they differ "
+        "from mm-agent's generic values (a size's arch.task_defaults and the request override them)",
+    )
     notes: list[str] = Field(default_factory=list)
 
 

@@ -13,6 +13,11 @@ from mm_agent.validate.job import Job, exists, to_int
 SAMPLE = 200
 _BP = "dataset_param.basic_parameters"
 _PP = "dataset_param.preprocess_parameters"
+# Feature-extraction entry points that split train_pipeline into video_only / video_and_first_frame and raise
+# 'ValueError: "<key>" key not found in vid_img_process["train_pipeline"]' without them: upstream's
+# mindspeed_mm/tools/feature_extraction/get_wan_feature.py (2.2.0-26.1.0; get_sora/hunyuan/vace_feature.py
+# never read them) and mm-agent's bundled runtime.extract, which mirrors it.
+TWO_STAGE_FE_SCRIPTS = ("get_wan_feature", "runtime.extract")
 
 
 def check(job: Job) -> None:
@@ -147,9 +152,11 @@ def _feature_extraction(job: Job) -> None:
     fe_launches = [ln for ln in job.launches if ln.is_feature]
     used = {id(c) for ln in job.launches for c in ln.configs.values()}
     has_fe = bool(fe_launches or job.of_kind("fe_model"))
-    datas = [ln.configs["mm-data"] for ln in fe_launches if "mm-data" in ln.configs]
+    two_stage = [ln for ln in fe_launches if any(m in (ln.cmd.entry or "") for m in TWO_STAGE_FE_SCRIPTS)]
+    datas = [ln.configs["mm-data"] for ln in two_stage if "mm-data" in ln.configs]
     tools = [ln.configs["mm-tool"] for ln in fe_launches if "mm-tool" in ln.configs]
-    if has_fe:
+    if has_fe and len(two_stage) == len(fe_launches):
+        # a data config no launch passes: judged as Wan's unless the job extracts with another script
         datas += [c for c in job.of_kind("fe_data") if id(c) not in used]
         tools += [c for c in job.of_kind("tools") if id(c) not in used and not fe_launches]
     for cfg in datas:

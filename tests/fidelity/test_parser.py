@@ -49,26 +49,7 @@ BASE_ENV = (
 )
 # Jobs whose launch MindSpeed-MM's own code rejects today, with why (job id prefix -> reason). Each must
 # still fail; anything else must pass.
-_NO_MODEL_CONFIG = (
-    "the registry names no model config for this job, so the script passes <example dir>/pretrain_model.json, "
-    "which MindSpeed-MM 26.0.0 does not have ('Config file not found'); the stock file is e.g. "
-    "model_cogvideox_t2v.json: the registry entry needs size.config_files.model"
-)
 KNOWN_REJECTED: dict[str, str] = {
-    "cogvideox-t2v-megatron-1.0-26.0.0/": _NO_MODEL_CONFIG,
-    "cogvideox-t2v-megatron-1.5-26.0.0/": _NO_MODEL_CONFIG,
-    "cogvideox-i2v-megatron-1.0-26.0.0/": _NO_MODEL_CONFIG,
-    "cogvideox-i2v-megatron-1.5-26.0.0/": _NO_MODEL_CONFIG,
-    "cogvideox-lora-megatron-1.5-26.0.0/": _NO_MODEL_CONFIG,
-    "hunyuanvideo-t2v-megatron-default-26.0.0/": _NO_MODEL_CONFIG,
-    "hunyuanvideo-i2v-megatron-default-26.0.0/": _NO_MODEL_CONFIG,
-    "hunyuanvideo-lora-megatron-default-26.0.0/": _NO_MODEL_CONFIG,
-    "opensoraplan1.3-t2v-megatron-default-26.0.0/": _NO_MODEL_CONFIG,
-    "stepvideo-t2v-megatron-default-26.0.0/": _NO_MODEL_CONFIG,
-    "stepvideo-i2v-megatron-default-26.0.0/": _NO_MODEL_CONFIG,
-    "qwen3vl-sft-fsdp2-native-32b-26.0.0/": "upstream's own examples/qwen3vl/qwen3vl_full_sft_32B.yaml at 26.0.0 "
-    "sets data.basic_parameters.use_pmcc_data, which 26.0.0's FSDP2 DataArguments does not accept (TypeError: "
-    "unexpected keyword argument); the registry copies the stock key (qwen3vl 32b basic_extra)",
     "funasr-asr-custom-default-26.1.0/": "upstream's own examples/funasr/funasr_config.yaml sets training.save and "
     "training.load to null, which 26.1.0's ConfigManager refuses (pydantic: 'Input should be a valid string'); "
     "the custom job runs the stock script unchanged",

@@ -113,7 +113,7 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
         "extract": "examples/hunyuanvideo/feature_extract/feature_extraction_i2v.sh",
     },
     ("opensoraplan1.3", "t2v", "megatron", "default"): {
-        "train": "examples/opensoraplan1.3/t2v_A3/pretrain_t2v_A3.sh",
+        "train": "examples/opensoraplan1.3/t2v_A3/pretrain_t2v_A2.sh",
         "sample": "examples/opensoraplan1.3/t2v/inference_t2v.sh",
         "extract": "examples/opensoraplan1.3/t2v_A3/feature_extract/extract_feature.sh",
     },
@@ -142,16 +142,16 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
 }
 
 
-# Models whose rendered jobs are not yet the stock example's (issue 13): the megatron_generative /
-# megatron_fsdp2_generative sets render Wan2.1's feature-extraction, data and FSDP2 configs for them (wrong video
-# processor, VAE, text encoder and dataset type) and point at the stock model configs unrendered.
+# Models whose rendered jobs are not yet the stock example's (issue 13). All pass the stock model config
+# (registry size config_files.model_<task>) unrendered, so its weight paths are the stock placeholders.
 # Strict: a case that starts passing fails here until its entry is removed.
 NOT_YET_STOCK: dict[str, str] = {
-    "cogvideox": "Wan feature-extraction/data configs (OpensoraplanVideoProcessor, wan_video_vae, UMT5) for CogVideoX",
-    "hunyuanvideo": "Wan feature-extraction/data configs for HunyuanVideo; stock model config unrendered",
-    "opensoraplan1.3": "Wan feature-extraction/data configs for OpenSoraPlan 1.3; stock model config unrendered",
-    "stepvideo": "Wan feature-extraction/data configs for StepVideo; stock model config unrendered",
-    "vace": "VACE's own configs are off (registry arch.vace_configs: false, see test_vace_configs_match_stock)",
+    "cogvideox": "the stock CogVideoX scripts train on raw video (model config load_video_features: false, data "
+    "dataset_type t2v) while the job trains on extracted features with Wan's extraction configs",
+    "hunyuanvideo": "stock model config unrendered; no sampling script; t2v LayerZero (--layerzero, "
+    "examples/hunyuanvideo/zero_config.yaml) not rendered",
+    "opensoraplan1.3": "stock model config unrendered; no sampling script; extraction --num-workers 4 (stock 8)",
+    "stepvideo": "stock model config unrendered; no sampling script; i2v passes --load (stock: none)",
 }
 
 
@@ -339,22 +339,24 @@ def test_every_declared_deviation_is_used(mm_tree: Any, tmp_path: Path) -> None:
     assert not stale, "declared deviations no rendered job needs (remove them):\n" + "\n".join(stale)
 
 
-def test_vace_configs_match_stock(mm_tree: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """VACE's job-local configs (registry arch.vace_configs, off by default) equal the stock examples."""
-    import mm_agent.jobspec
-    from mm_agent.registry import Registry
+def test_two_stage_pipeline_rule_names_the_scripts_that_read_it(mm_tree: Any) -> None:
+    """validate's fe.train_pipeline rule (video_only / video_and_first_frame) applies to exactly the upstream
+    feature-extraction scripts that raise without those keys (get_vace_feature.py, for one, never reads them)."""
+    from mm_agent.validate.rules_generative import TWO_STAGE_FE_SCRIPTS
 
-    reg = get_registry()
-    entry = reg.get("vace")
-    sizes = [s.model_copy(update={"arch": {**s.arch, "vace_configs": True}}) for s in entry.sizes]
-    models = {**reg.models, "vace": entry.model_copy(update={"sizes": sizes})}
-    monkeypatch.setattr(mm_agent.jobspec, "get_registry", lambda: Registry(models, reg.versions))
-    cases = [c for c in CASES if c[0] == "vace"]
-    assert cases
-    left: list[Difference] = []
-    for n, (model, task, backend, size, version) in enumerate(cases):
-        diffs, _ = compare_job(
-            model, task, backend, size, version, mm_tree.version_dir(version), tmp_path / str(n)
+    for version in VERSIONS:
+        tree = mm_tree.version_dir(version)
+        scripts = sorted((tree / "mindspeed_mm/tools/feature_extraction").glob("get_*_feature.py"))
+        assert scripts, f"no feature-extraction scripts in MindSpeed-MM {version}"
+        reading = {
+            p.stem
+            for p in scripts
+            if all(
+                f'"{key}" key not found' in p.read_text(encoding="utf-8")
+                for key in ("video_only", "video_and_first_frame")
+            )
+        }
+        named = {m for m in TWO_STAGE_FE_SCRIPTS if not m.startswith("runtime.")}
+        assert reading == named, (
+            f"MindSpeed-MM {version}: scripts needing the two-stage pipeline {sorted(reading)}"
         )
-        left += undeclared(diffs, model=model, task=task, size=size, version=version, backend=backend)
-    assert not left, "\n".join(str(d) for d in left)
