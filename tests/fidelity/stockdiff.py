@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from mm_agent.registry import get_registry
 from mm_agent.registry.deviations import Deviation, UserChoice, deviations_for, user_choices
 from mm_agent.validate.shell import LaunchCommand, parse_script, split_statements, split_words
 
@@ -236,3 +237,22 @@ def undeclared(
         and declared(d, deviations, model=model, task=task, size=size, version=version, backend=backend)
         is None
     ]
+
+
+def registry_cases(
+    templates: Collection[str], versions: Iterable[str]
+) -> list[tuple[str, str, str, str, str]]:
+    """(model, task, backend, size, version) for every registry job rendered with one of `templates` that
+    exists at each of `versions` (model, task and size all present there)."""
+    out: list[tuple[str, str, str, str, str]] = []
+    for entry in get_registry().models.values():
+        for task in entry.tasks:
+            if task.template not in templates:
+                continue
+            for version in versions:
+                if not (entry.versions.contains(version) and task.versions.contains(version)):
+                    continue
+                for size in entry.sizes:
+                    if size.versions.contains(version) and (task.sizes is None or size.id in task.sizes):
+                        out.append((entry.id, task.id, task.backend, size.id, version))
+    return out

@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from mm_agent.registry import get_registry
 from mm_agent.registry.deviations import deviations_for
 from mm_agent.render import RenderRequest, render_job
 from mm_agent.validate.shell import parse_script
-from tests.fidelity.stockdiff import ABSENT, Difference, diff_config, diff_script, undeclared
+from tests.fidelity.stockdiff import ABSENT, Difference, diff_config, diff_script, registry_cases, undeclared
 
 SETS = ("megatron_generative", "megatron_fsdp2_generative")
 VERSIONS = ("26.0.0", "26.1.0")
@@ -155,23 +154,7 @@ NOT_YET_STOCK: dict[str, str] = {
 }
 
 
-def _cases() -> list[tuple[str, str, str, str, str]]:
-    reg = get_registry()
-    out: list[tuple[str, str, str, str, str]] = []
-    for entry in reg.models.values():
-        for task in entry.tasks:
-            if task.template not in SETS:
-                continue
-            for version in VERSIONS:
-                if not (entry.versions.contains(version) and task.versions.contains(version)):
-                    continue
-                for size in entry.sizes:
-                    if (task.sizes is None or size.id in task.sizes) and size.versions.contains(version):
-                        out.append((entry.id, task.id, task.backend, size.id, version))
-    return out
-
-
-CASES = _cases()
+CASES = registry_cases(SETS, VERSIONS)
 PARAMS = [
     pytest.param(
         *case,

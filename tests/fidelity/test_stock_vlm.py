@@ -44,6 +44,7 @@ from tests.fidelity.stockdiff import (
     declared,
     diff_config,
     exported_env,
+    registry_cases,
     undeclared,
 )
 
@@ -78,23 +79,7 @@ CUSTOM_PLUMBING = {
 }
 
 
-def _cases() -> list[tuple[str, str, str, str, str]]:
-    reg = get_registry()
-    out: list[tuple[str, str, str, str, str]] = []
-    for entry in reg.models.values():
-        for task in entry.tasks:
-            if task.template not in SETS:
-                continue
-            for version in VERSIONS:
-                if not (entry.versions.contains(version) and task.versions.contains(version)):
-                    continue
-                for size in entry.sizes:
-                    if size.versions.contains(version) and (task.sizes is None or size.id in task.sizes):
-                        out.append((entry.id, task.id, task.backend, size.id, version))
-    return out
-
-
-CASES = _cases()
+CASES = registry_cases(SETS, VERSIONS)
 
 # Cases whose stock diff is measured but not reconciled yet, judged one by one: each xfails with exactly this many
 # undeclared differences and why they are open (issue 13); fewer or more fails, and so does a listed case that is
