@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mm_agent.errors import MMAgentError
+from mm_agent.registry import read_yaml, validation_error
 from mm_agent.registry.schema import Backend, TaskId, VersionRange
 
 DEVIATIONS_DIR = Path(__file__).with_name("data") / "deviations"
@@ -100,18 +101,6 @@ class UserChoiceFile(_Frozen):
     user_choices: list[UserChoice] = Field(min_length=1)
 
 
-def _read(path: Path) -> object:
-    from mm_agent.registry import read_yaml
-
-    return read_yaml(path)
-
-
-def _invalid(path: Path, exc: ValidationError) -> MMAgentError:
-    from mm_agent.registry import validation_error
-
-    return validation_error(path, exc, SCHEMA)
-
-
 def load_deviations(directory: Path | None = None) -> dict[str, list[Deviation]]:
     """Every `<model>.yaml` in the deviations folder, by model; each entry's model must be the file stem."""
     folder = directory or DEVIATIONS_DIR
@@ -120,9 +109,9 @@ def load_deviations(directory: Path | None = None) -> dict[str, list[Deviation]]
         if path.name.startswith("_"):
             continue
         try:
-            parsed = DeviationFile.model_validate(_read(path))
+            parsed = DeviationFile.model_validate(read_yaml(path))
         except ValidationError as exc:
-            raise _invalid(path, exc) from exc
+            raise validation_error(path, exc, SCHEMA) from exc
         for index, entry in enumerate(parsed.deviations):
             if entry.model != path.stem:
                 raise MMAgentError(
@@ -138,9 +127,9 @@ def load_deviations(directory: Path | None = None) -> dict[str, list[Deviation]]
 def load_user_choices(directory: Path | None = None) -> list[UserChoice]:
     path = (directory or DEVIATIONS_DIR) / USER_CHOICES_FILE
     try:
-        return list(UserChoiceFile.model_validate(_read(path)).user_choices)
+        return list(UserChoiceFile.model_validate(read_yaml(path)).user_choices)
     except ValidationError as exc:
-        raise _invalid(path, exc) from exc
+        raise validation_error(path, exc, SCHEMA) from exc
 
 
 @functools.lru_cache(maxsize=2)
