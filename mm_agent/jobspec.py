@@ -376,11 +376,12 @@ def _task_defaults(entry: ModelEntry, size: SizeSpec, task: TaskSpec, spec: JobS
         ) from exc
 
 
-def train_values(spec: JobSpec, task: TaskSpec) -> dict[str, Any]:
+def train_values(spec: JobSpec, task: TaskSpec, version: str) -> dict[str, Any]:
     """train_iters / lr / num_workers / save_interval of a job: the request's (a size's arch.task_defaults are
-    already applied to it), else the task's stock values (registry `train_defaults`; MindSpeed-MM jobs only),
+    already applied to it), else the task's stock values at `version` (registry `train_defaults` and
+    `train_defaults_changes`; MindSpeed-MM jobs only),
     else GENERIC_TRAIN_DEFAULTS (also what the bundled runtime trains with)."""
-    stock = task.train_defaults if spec.runtime == "mindspeed-mm" else TrainDefaults()
+    stock = task.train_defaults_at(version) if spec.runtime == "mindspeed-mm" else TrainDefaults()
     out: dict[str, Any] = {}
     for name in TRAIN_FIELDS:
         value = getattr(spec, name)
@@ -597,7 +598,7 @@ def resolve_job(
         text_len=spec.text_len or (wan.text_len if wan is not None else None),
         seed=spec.seed if spec.seed is not None else DEFAULT_SEED,
         device=spec.device,
-        **train_values(spec, task),
+        **train_values(spec, task, version.id),
         python=sys.executable,
     )
     if root is not None:

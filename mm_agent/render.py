@@ -84,7 +84,7 @@ def _check_parses(path: str, text: str) -> None:
 
 
 def render_files(job: ResolvedJob) -> dict[str, str]:
-    """Render the task's template set for a resolved job: relative path -> text."""
+    """Render the task's template set (with the model's own files) for a resolved job: relative path -> text."""
     root = templates_dir()
     set_dir = root / job.template
     if not set_dir.is_dir():
@@ -99,9 +99,20 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
         "arch": job.arch,
         "version": job.version,
     }
+    # A model's own files (templates/models/<model>/<set>/): each replaces the set's file of the same path,
+    # or adds one the set lacks. The set's templates see which with `model_files`.
+    model_dir = root / "models" / job.entry.id / job.template
+    templates = {p.relative_to(set_dir).as_posix(): p for p in set_dir.rglob("*.j2")}
+    own = (
+        {p.relative_to(model_dir).as_posix(): p for p in model_dir.rglob("*.j2")}
+        if model_dir.is_dir()
+        else {}
+    )
+    templates.update(own)
+    context["model_files"] = {rel[: -len(".j2")] for rel in own}
     files: dict[str, str] = {}
-    for template_path in sorted(set_dir.rglob("*.j2")):
-        rel = template_path.relative_to(set_dir).as_posix()[: -len(".j2")]
+    for rel_j2, template_path in sorted(templates.items()):
+        rel = rel_j2[: -len(".j2")]
         name = template_path.relative_to(root).as_posix()
         try:
             text = env.get_template(name).render(**context)

@@ -75,3 +75,35 @@ def test_renders_shellchecks_and_validates_clean(
     report = validate_configs(ValidateRequest(paths=[str(out)]))
     errors = [f for f in report.findings if f.severity == "error"]
     assert not errors, "\n".join(f"{f.rule} {f.file} {f.field}: {f.message}" for f in errors)
+
+
+def test_every_model_template_file_is_used(tmp_path: Path) -> None:
+    """templates/models/<model>/<set>/ holds a model's own files for one template set: the folder must name a
+    registry model with a task on that set, and each file there must reach at least one rendered job (a typo
+    in a folder or file name would otherwise be silently ignored)."""
+    from mm_agent.templating import templates_dir
+
+    reg = get_registry()
+    root = templates_dir() / "models"
+    folders = sorted(p for p in root.glob("*/*") if p.is_dir()) if root.is_dir() else []
+    for folder in folders:
+        model, template = folder.parent.name, folder.name
+        entry = reg.models.get(model)
+        assert entry is not None, f"templates/models/{model}: no registry model {model!r}"
+        tasks = [t for t in entry.tasks if t.template == template]
+        assert tasks, f"templates/models/{model}/{template}: {model} has no task on template set {template!r}"
+        wanted = {p.relative_to(folder).as_posix()[: -len(".j2")] for p in folder.rglob("*.j2")}
+        seen: set[str] = set()
+        for n, (m, task, backend, size, version) in enumerate(CASES):
+            if m != model or not any(t.id == task and t.backend == backend for t in tasks):
+                continue
+            request = RenderRequest(
+                model=m,
+                task=task,
+                backend=backend,
+                size=size,
+                mm_version=version,
+                out_dir=str(tmp_path / str(n)),
+            )
+            seen |= {f.path for f in render_job(request).files} & wanted
+        assert seen == wanted, f"templates/models/{model}/{template}: never rendered: {sorted(wanted - seen)}"

@@ -66,6 +66,32 @@ def test_registry_train_defaults_differ_from_the_generic_values() -> None:
     assert checked >= 20
 
 
+def test_stock_values_follow_the_version(tmp_path: Path) -> None:
+    """A value the stock example changed between versions (train_defaults_changes): each version's own, and
+    the request's over both."""
+    at = {v: _values(tmp_path, model="qwen3tts", task="tts", mm_version=v) for v in ("26.0.0", "26.1.0")}
+    assert (at["26.0.0"]["lr"], at["26.1.0"]["lr"]) == (2e-5, 1e-6)
+    assert at["26.0.0"]["train_iters"] == at["26.1.0"]["train_iters"] == 200  # unchanged fields carry over
+    assert _values(tmp_path, model="qwen3tts", task="tts", mm_version="26.1.0", lr=3e-5)["lr"] == 3e-5
+
+
+def test_a_change_needs_a_version_and_valid_values(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "models" / "qwen3tts.yaml"
+    text = path.read_text(encoding="utf-8")
+    old = 'train_defaults_changes: [{since: "26.1.0", lr: 1.0e-6}]'
+    assert old in text
+    for bad, field in (
+        ("train_defaults_changes: [{lr: 1.0e-6}]", "tasks.0.train_defaults_changes.0.since"),
+        ('train_defaults_changes: [{since: "26.1.0", lr: -1}]', "tasks.0.train_defaults_changes.0.lr"),
+    ):
+        path.write_text(text.replace(old, bad), encoding="utf-8")
+        with pytest.raises(MMAgentError) as err:
+            load_models(data)
+        assert err.value.file == str(path) and err.value.field == field
+
+
 def test_request_wins_over_stock_and_task_defaults(tmp_path: Path) -> None:
     given = {"train_iters": 7, "lr": 3e-4, "num_workers": 1, "save_interval": 3}
     assert _values(tmp_path, model="internvl3", task="sft", **given) == given

@@ -97,3 +97,32 @@ def test_a_relative_load_path_is_checked_where_the_script_runs(tmp_path: Path) -
     found = [f for f in run(job).findings if f.field == "LOAD_PATH"]
     assert [(f.rule, f.severity) for f in found] == [("crossfile.skipped", "warning")], found
     assert "TP/PP/VPP stage layout" in found[0].message
+
+
+def test_paths_inside_a_config_resolve_where_the_launch_runs(tmp_path: Path) -> None:
+    """A config's own relative paths (`from_pretrained`, `data_path`, `data_folder`) are opened by the training
+    process, so they resolve in the directory the launch `cd`s into, not in the MindSpeed-MM root."""
+    job = copy_job(tmp_path, "wan21_t2v")
+    mm = tmp_path / "MindSpeed-MM"
+    mm.mkdir()
+    data = str((job / "feature_data.json").resolve())
+    tokenizer = "Wan2.1-T2V-1.3B-Diffusers/tokenizer"
+
+    def missing() -> dict[str | None, str]:
+        report = run(job, mm_root=mm)
+        return {f.field: f.message for f in report.findings if f.rule == "path.missing" and f.file == data}
+
+    # the script cds into its own folder; the tokenizer and features are there, not in the MindSpeed-MM root
+    sub(job / "pretrain.sh", r"^(NPUS_PER_NODE=8)$", '\\1\ncd "$JOB_DIR"')
+    (job / tokenizer).mkdir(parents=True)
+    (job / "sora_features").mkdir()
+    (job / "sora_features" / "data.jsonl").write_text("", encoding="utf-8")
+    assert missing() == {}
+    # the same names only under the MindSpeed-MM root: missing where the run will look
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sub(job / "pretrain.sh", r'^cd "\$JOB_DIR"$', f'cd "{elsewhere}"')
+    (mm / tokenizer).mkdir(parents=True)
+    found = missing()
+    assert str(elsewhere / tokenizer) in found["dataset_param.tokenizer_config[0].from_pretrained"]
+    assert str(elsewhere / "sora_features") in found["dataset_param.basic_parameters.data_folder"]

@@ -161,3 +161,43 @@ def test_parse_errors_are_values() -> None:
     assert not isinstance(ok, ParseError)
     assert ok.data == {"x": 1, "y": [3, {"z": 1}]}
     assert ok.lines == {"x": 1, "y": 2, "y[0]": 3, "y[1]": 4, "y[1].z": 4}
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "stdbuf -oL ",
+        "stdbuf -o L -e L ",
+        "nohup ",
+        "timeout --signal=KILL 3600 ",
+        "timeout -s KILL 10h ",
+        "env A=1 B=2 ",
+        "A=1 exec ",
+        "taskset -c 0-7 ",
+        "numactl --cpunodebind=0 -m 0 ",
+        "nice -n 5 ionice -c 2 ",
+        "/usr/bin/stdbuf -oL nohup ",
+    ],
+)
+def test_a_launch_behind_a_wrapper_is_still_the_launch(prefix: str) -> None:
+    text = f"{prefix}torchrun --nproc_per_node 8 pretrain_sora.py --mm-data a.json 2>&1 | tee log.txt\n"
+    (cmd,) = parse_script("/j/r.sh", text).commands
+    assert (cmd.launcher, cmd.entry) == ("torchrun", "pretrain_sora.py")
+    assert cmd.launcher_flags == {"--nproc_per_node": ["8"]} and cmd.flags == {"--mm-data": ["a.json"]}
+
+
+def test_a_flag_with_an_unknown_value_after_equals_is_kept() -> None:
+    """`--mm-data=$X` with X unknown statically: the flag is there (value unknown), not silently dropped."""
+    (cmd,) = parse_script("/j/r.sh", 'torchrun pretrain_sora.py --mm-data="$X" --lr=1e-5\n').commands
+    assert cmd.flags == {"--mm-data": [None], "--lr": ["1e-5"]} and cmd.has_unknown
+
+
+def test_a_continuation_before_a_pipe_on_the_next_line_adds_no_value() -> None:
+    text = "torchrun pretrain_sora.py --save ./ckpt \\\n    | tee log.txt\n"
+    (cmd,) = parse_script("/j/r.sh", text).commands
+    assert cmd.flags == {"--save": ["./ckpt"]} and not cmd.has_unknown
+
+
+def test_a_delegate_behind_a_wrapper_is_followed() -> None:
+    info = parse_script("/j/r.sh", "nohup bash other.sh > out.log 2>&1 &\n")
+    assert info.delegates == [("other.sh", 1)]

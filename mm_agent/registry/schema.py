@@ -215,6 +215,12 @@ class TrainDefaults(_Frozen):
     save_interval: int | None = Field(default=None, ge=1, le=1_000_000_000)
 
 
+class TrainDefaultsChange(TrainDefaults):
+    """Stock values that changed in a later version (the fields set here replace train_defaults' from `since`)."""
+
+    since: str
+
+
 class TaskSpec(_Frozen):
     id: TaskId
     backend: Backend
@@ -237,7 +243,20 @@ class TaskSpec(_Frozen):
         description="the stock example_script's train_iters / lr / num_workers / save_interval where they differ "
         "from mm-agent's generic values (a size's arch.task_defaults and the request override them)",
     )
+    train_defaults_changes: list[TrainDefaultsChange] = Field(
+        default_factory=list,
+        description="where a later version's stock example changed these values: the fields each entry sets, "
+        "from its `since` on (entries in version order)",
+    )
     notes: list[str] = Field(default_factory=list)
+
+    def train_defaults_at(self, version: str) -> TrainDefaults:
+        """The stock train values of this task's example at `version`."""
+        values = self.train_defaults.model_dump()
+        for change in self.train_defaults_changes:
+            if version_key(version) >= version_key(change.since):
+                values.update(change.model_dump(exclude={"since"}, exclude_none=True))
+        return TrainDefaults(**values)
 
 
 class GitSource(_Frozen):

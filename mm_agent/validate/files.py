@@ -38,6 +38,9 @@ class ConfigFile:
     data: Any = None
     lines: dict[str, int] = field(default_factory=dict)
     text: str = ""
+    # where the process that reads it runs (the directory its launch `cd`s into), when known: relative paths
+    # inside the file resolve there at run time. None: against the MindSpeed-MM root, as before.
+    run_base: Path | None = None
 
     def line(self, key_path: str) -> int | None:
         return line_of(self.lines, key_path)

@@ -101,6 +101,8 @@ def _attach(job: Job, launch: Launch, role: str, flag: str, raw: str | None, var
     cfg = job.load(path)
     if cfg is not None:
         launch.configs[role] = cfg
+        if launch.cmd.cd_line is not None and cfg.run_base is None:
+            cfg.run_base, _ = run_time_base(job, launch, ".")
 
 
 def run_time_base(job: Job, launch: Launch, raw: str) -> tuple[Path | None, str]:

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from mm_agent.validate.files import ConfigFile
 from mm_agent.validate.job import Job, Launch
 from mm_agent.validate.keys import check_keys
 from mm_agent.validate.parse import join
@@ -31,7 +32,7 @@ def check(job: Job) -> None:
     for cfg in job.configs.values():
         check_keys(job.sink, cfg)
         if cfg.kind not in ("job_yaml", "unknown", "raw_dataset", "vlm_dataset", "data_txt"):
-            _weight_paths(job, str(cfg.path), cfg.data, "", cfg.line)
+            _weight_paths(job, cfg, cfg.data, "")
     for launch in job.launches:
         _fsdp2(job, launch)
         _roles(job, launch)
@@ -109,8 +110,9 @@ def _script_syntax(job: Job, file: str, text: str) -> None:
     )
 
 
-def _weight_paths(job: Job, file: str, node: Any, path: str, line_of: Any) -> None:
-    """`from_pretrained` / `model_name_or_path` / `init_from_hf_path` that don't exist → path.missing."""
+def _weight_paths(job: Job, cfg: ConfigFile, node: Any, path: str) -> None:
+    """`from_pretrained` / `model_name_or_path` / `init_from_hf_path` that don't exist → path.missing
+    (relative ones from where the reading process runs)."""
     if isinstance(node, dict):
         for key, value in node.items():
             here = join(path, str(key))
@@ -118,18 +120,19 @@ def _weight_paths(job: Job, file: str, node: Any, path: str, line_of: Any) -> No
             if is_weight and isinstance(value, str):
                 job.check_path(
                     value,
-                    file=file,
+                    file=str(cfg.path),
                     field=here,
-                    line=line_of(here),
+                    line=cfg.line(here),
+                    base=cfg.run_base,
                     what=key,
                     fix=f"set {here} to the downloaded Hugging Face directory (absolute, or relative to the "
                     "MindSpeed-MM root); it may also only exist on the training cluster",
                 )
             else:
-                _weight_paths(job, file, value, here, line_of)
+                _weight_paths(job, cfg, value, here)
     elif isinstance(node, list):
         for index, value in enumerate(node):
-            _weight_paths(job, file, value, join(path, index), line_of)
+            _weight_paths(job, cfg, value, join(path, index))
 
 
 def _roles(job: Job, launch: Launch) -> None:

@@ -34,9 +34,13 @@ def check(job: Job) -> None:
 def _data_path(job: Job, cfg: ConfigFile) -> None:
     raw = cfg.get(f"{_BP}.data_path")
     field = f"{_BP}.data_path"
-    path = job.check_path(raw, file=str(cfg.path), field=field, line=cfg.line(field), what="data_path")
+    path = job.check_path(
+        raw, file=str(cfg.path), field=field, line=cfg.line(field), what="data_path", base=cfg.run_base
+    )
     if path is not None and path.is_file() and path.suffix == ".txt" and job.inside(path):
-        job.load(path, kind_hint="data_txt")
+        txt = job.load(path, kind_hint="data_txt")
+        if txt is not None and txt.run_base is None:
+            txt.run_base = cfg.run_base  # read by the same process
 
 
 def _feature_data(job: Job, cfg: ConfigFile) -> None:
@@ -58,7 +62,12 @@ def _feature_data(job: Job, cfg: ConfigFile) -> None:
             )
         else:
             folder = job.check_path(
-                folder_raw, file=file, field=folder_field, line=cfg.line(folder_field), what="data_folder"
+                folder_raw,
+                file=file,
+                field=folder_field,
+                line=cfg.line(folder_field),
+                what="data_folder",
+                base=cfg.run_base,
             )
     field = f"{_BP}.data_path"
     jsonl = job.check_path(
@@ -68,6 +77,7 @@ def _feature_data(job: Job, cfg: ConfigFile) -> None:
         line=cfg.line(field),
         what="data_path",
         fix="run feature extraction first (it writes <save_path>/data.jsonl), or fix data_path",
+        base=cfg.run_base,
     )
     if jsonl is not None and jsonl.is_file():
         _jsonl(job, jsonl, folder)

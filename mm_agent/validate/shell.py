@@ -20,6 +20,21 @@ _OPENERS = {"if", "for", "while", "until", "case", "select"}
 _CLOSERS = {"fi", "done", "esac"}
 _LAUNCHERS = {"torchrun", "python", "python3", "deepspeed", "accelerate", "msrun"}
 _HEREDOC = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+# Commands that run the command after them (`stdbuf -oL torchrun ...`): wrapper -> (its options that take a
+# separate value, positional words it reads before the command).
+_WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
+    "nohup": (frozenset(), 0),
+    "exec": (frozenset({"-a"}), 0),
+    "env": (frozenset({"-u", "--unset", "-C", "--chdir"}), 0),
+    "stdbuf": (frozenset({"-i", "-o", "-e", "--input", "--output", "--error"}), 0),
+    "timeout": (frozenset({"-s", "--signal", "-k", "--kill-after"}), 1),
+    "nice": (frozenset({"-n", "--adjustment"}), 0),
+    "ionice": (frozenset({"-c", "-n", "--class", "--classdata"}), 0),
+    "taskset": (frozenset(), 1),
+    "numactl": (frozenset({"-N", "-m", "-C", "-p", "-i"}), 0),
+    "setsid": (frozenset(), 0),
+}
+_FLAG_EQ = re.compile(r"""^["']?(--[A-Za-z0-9][\w-]*)=""")
 
 
 @dataclass
@@ -161,7 +176,9 @@ def split_words(stmt: str) -> list[str]:
     i = 0
     while i < len(stmt):
         c = stmt[i]
-        if c == "\\" and i + 1 < len(stmt):
+        if c == "\\" and i + 1 == len(stmt):
+            i += 1  # `\` + newline before a `| tee` on the next line: the statement ends here
+        elif c == "\\" and i + 1 < len(stmt):
             if stmt[i + 1] == "\n":
                 if cur:
                     words.append("".join(cur))
@@ -234,8 +251,9 @@ def parse_script(path: str, text: str) -> ScriptInfo:
             cd_line = stmt.line
             cwd = target[0] if len(target) == 1 and depth == 0 else None
             continue
-        if head in ("bash", "sh") and len(words) > 1 and not words[1].startswith("-"):
-            target = expander.word(words[1])
+        run = _unwrap(expander, words)
+        if run and run[0] in ("bash", "sh") and len(run) > 1 and not run[1].startswith("-"):
+            target = expander.word(run[1])
             if len(target) == 1 and (target[0] is None or target[0].endswith(".sh")):
                 info.delegates.append((target[0], stmt.line))
             continue
@@ -266,12 +284,32 @@ _PYTHON = re.compile(r"^python(?:\d+(?:\.\d+)*)?$")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
+def _unwrap(expander: Expander, words: list[str]) -> list[str]:
+    """The command words after leading assignments and wrappers (`A=1 nohup stdbuf -oL torchrun ...`)."""
+    while words:
+        while words and _ASSIGN.match(words[0]):
+            words = words[1:]
+        head = expander.word(words[0]) if words else []
+        name = (head[0] if len(head) == 1 and head[0] else words[0] if words else "").rsplit("/", 1)[-1]
+        if name not in _WRAPPERS:
+            return words
+        takes_value, positionals = _WRAPPERS[name]
+        rest = words[1:]
+        while rest and rest[0].startswith("-") and rest[0] != "--":
+            rest = rest[2:] if rest[0] in takes_value else rest[1:]
+        if rest and rest[0] == "--":
+            rest = rest[1:]
+        while rest and name == "env" and _ASSIGN.match(rest[0]):
+            rest = rest[1:]
+        words = rest[positionals:]
+    return words
+
+
 def _launch(expander: Expander, words: list[str], line: int) -> LaunchCommand | None:
     """The launch command of a statement: `torchrun ... x.py`, `python x.py`, `python -m pkg.mod`, or
     `"$PYTHON" -m torch.distributed.run ... -m pkg.mod` (torchrun by module, as the bundled runtime's
     scripts launch); the launcher word itself may be a variable."""
-    while words and _ASSIGN.match(words[0]):
-        words = words[1:]
+    words = _unwrap(expander, words)
     if not words:
         return None
     head = expander.word(words[0])
@@ -288,7 +326,11 @@ def _launch(expander: Expander, words: list[str], line: int) -> LaunchCommand | 
         if _REDIRECT.match(word):
             skip_next = bool(re.fullmatch(r"\d*(?:[<>]{1,2}|&>)", word))
             continue
-        tokens.extend(expander.word(word))
+        expanded = expander.word(word)
+        flag_eq = _FLAG_EQ.match(word)
+        if flag_eq and expanded == [None]:
+            expanded = [flag_eq.group(1), None]  # `--flag=$UNKNOWN`: the flag is there, its value unknown
+        tokens.extend(expanded)
     if launcher == "python" and len(tokens) >= 2 and tokens[0] == "-m" and tokens[1] in _TORCHRUN_MODULES:
         launcher, tokens = "torchrun", tokens[2:]
     entry_at = next((k for k, t in enumerate(tokens) if t is not None and t.endswith(".py")), None)

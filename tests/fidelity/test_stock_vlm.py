@@ -81,15 +81,6 @@ CUSTOM_PLUMBING = {
 
 CASES = registry_cases(SETS, VERSIONS)
 
-# Cases whose stock diff is measured but not reconciled yet, judged one by one: each xfails with exactly this many
-# undeclared differences and why they are open (issue 13); fewer or more fails, and so does a listed case that is
-# clean (remove it). Every other case is strict.
-_TTS_LR = "training.lr: the stock 2e-05 (26.0.0) / 1e-6 (26.1.0) is no version-aware train_defaults value"
-OPEN_CASES: dict[str, tuple[int, str]] = {
-    "qwen3tts-tts-fsdp2-native-1.7b-26.0.0": (1, _TTS_LR),
-    "qwen3tts-tts-fsdp2-native-1.7b-26.1.0": (1, _TTS_LR),
-}
-
 
 @dataclass
 class CaseResult:
@@ -482,15 +473,6 @@ def test_rendered_defaults_equal_stock(
     model, task, backend, size, version = case
     res = results[case]
     left = undeclared(res.diffs, model=model, task=task, size=size, version=version, backend=backend)
-    case_id = "-".join(case)
-    if case_id in OPEN_CASES:
-        count, why = OPEN_CASES[case_id]
-        assert len(left) == count, (
-            f"{case_id} is listed in OPEN_CASES with {count} undeclared differences but has {len(left)}: "
-            + ("remove it from OPEN_CASES (it is clean)" if not left else "update the count, or fix them:\n")
-            + "\n".join(f"  {d}" for d in left)
-        )
-        pytest.xfail(f"open ({why}): {count} undeclared differences from {res.stock_script}, e.g. {left[0]}")
     assert not left, (
         f"{model} {task} ({backend}) {size} at MindSpeed-MM {version} differs from the stock "
         f"{res.stock_script} without a declared reason (add the value to the template/registry, or a "
