@@ -286,6 +286,20 @@ def is_two_expert(entry: ModelEntry, size: SizeSpec) -> bool:
     return is_wan_family(entry) and (size.id.lower() == "a14b" or int(size.arch.get("experts", 1)) > 1)
 
 
+def _tp_choices(size: SizeSpec, world: int, pp: int, cp: int) -> str:
+    """The fix for a TP*PP*CP that does not divide the world size: the TP values that work with this PP and
+    CP, which also divide every attention-head count of the size (each TP rank needs whole heads)."""
+    heads = {k: v for k, v in size.arch.items() if k.endswith("heads") and isinstance(v, int) and v > 0}
+    ok = [
+        t for t in range(1, world + 1) if not world % (t * pp * cp) and not any(h % t for h in heads.values())
+    ]
+    if not ok:
+        return f"PP*CP = {pp}*{cp} does not divide the world size {world}: change PP, CP or the NPU count"
+    shown = ", ".join(f"{k}={v}" for k, v in heads.items())
+    on_heads = f" and of the heads ({shown})" if heads else ""
+    return f"use TP in {ok} (divisors of {world // (pp * cp)} = world size / (PP*CP){on_heads})"
+
+
 def bundled_refusal(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> str | None:
     """Why the bundled runtime cannot run this (model, task, size); None when it can."""
     if not is_wan_family(entry) or task.id != "t2v":
@@ -374,6 +388,19 @@ def _task_defaults(entry: ModelEntry, size: SizeSpec, task: TaskSpec, spec: JobS
         raise MMAgentError(
             str(exc.errors()[0]["msg"]), file=f"models/{entry.id}.yaml", field=field, fix="correct the value"
         ) from exc
+
+
+def task_repo(hf_ids: list[str], task_id: str) -> str | None:
+    """The size's HF repo for this task: the one whose name has the task as a word (Wan2.1-I2V-14B-480P,
+    HunyuanVideo-I2V for i2v), else one with a word ending in it (stepvideo-ti2v for i2v), else the first."""
+
+    def words(repo: str) -> list[str]:
+        return re.split(r"[-_.]", repo.rsplit("/", 1)[-1].lower())
+
+    task = task_id.lower()
+    exact = [h for h in hf_ids if task in words(h)]
+    near = [h for h in hf_ids if any(w.endswith(task) for w in words(h))]
+    return (exact or near or hf_ids or [None])[0]
 
 
 def train_values(spec: JobSpec, task: TaskSpec, version: str) -> dict[str, Any]:
@@ -503,7 +530,9 @@ def resolve_job(
         raise MMAgentError(
             f"MindSpeed-MM runs on Ascend NPUs; device {spec.device!r} needs the bundled runtime",
             field="device",
-            fix="drop --device, or add --runtime bundled (Wan-family t2v)",
+            fix="drop --device"
+            if bundled_refusal(entry, task, size)
+            else "drop --device, or add --runtime bundled (Wan-family t2v)",
         )
     world = npus * nnodes
     if world % (tp * pp * cp):
@@ -511,7 +540,7 @@ def resolve_job(
             f"world size {world} (npus_per_node {npus} x nnodes {nnodes}) is not divisible by "
             f"TP*PP*CP = {tp}*{pp}*{cp}",
             field="tp/pp/cp",
-            fix="choose TP, PP and CP whose product divides the NPU count",
+            fix=_tp_choices(size, world, pp, cp),
         )
     dp = world // (tp * pp * cp)
     if spec.gbs is not None:
@@ -527,10 +556,7 @@ def resolve_job(
     gbs = mbs * dp * grad_acc
 
     jd = job_dir.resolve()
-    # The size's HF repo for this task (Wan2.1-I2V-14B-480P for 14b i2v), else its first one.
-    hf_id = next(
-        (h for h in size.hf_ids if f"-{task.id.upper()}-" in h), size.hf_ids[0] if size.hf_ids else None
-    )
+    hf_id = task_repo(size.hf_ids, task.weights_of or task.id)
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
     arch, wan = _wan_arch(entry, size, spec, weights, root)
 

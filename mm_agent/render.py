@@ -164,7 +164,7 @@ def _check_out_dir(target: Path, base: Path, root: Path | None) -> None:
             )
 
 
-def _next_steps(job: ResolvedJob) -> list[str]:
+def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
     """The commands that take this job from nothing to training, in order, with this job's paths."""
     from mm_agent.pipeline import bundled_convert_command, convert_command, converter_gap
 
@@ -180,7 +180,7 @@ def _next_steps(job: ResolvedJob) -> list[str]:
         if job.uses_features:
             steps.append(f"mm-agent extract {shlex.quote(d)} --yes --wait")
         steps.append(f"mm-agent train {shlex.quote(d)} --yes --wait")
-        if "inference.sh" in _script_names(job):
+        if "inference.sh" in files:
             steps.append(f"mm-agent sample {shlex.quote(d)} --yes --wait")
         return steps
     conv = job.entry.converter
@@ -204,14 +204,11 @@ def _next_steps(job: ResolvedJob) -> list[str]:
     steps.append(f"mm-agent validate {shlex.quote(d)}")
     if job.uses_features:
         steps.append(f"bash {shlex.quote(d + '/feature_extract/feature_extraction.sh')}")
-    scripts = sorted(p for p in _script_names(job) if not p.startswith(("feature_extract/", "inference")))
+    scripts = sorted(
+        p for p in files if p.endswith(".sh") and not p.startswith(("feature_extract/", "inference"))
+    )
     steps += [f"bash {shlex.quote(d + '/' + s)}" for s in scripts]
     return steps
-
-
-def _script_names(job: ResolvedJob) -> list[str]:
-    set_dir = templates_dir() / job.template
-    return [p.relative_to(set_dir).as_posix()[:-3] for p in set_dir.rglob("*.sh.j2")]
 
 
 def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
@@ -251,7 +248,7 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
             )
             for rel, text in sorted(files.items())
         ],
-        next_steps=_next_steps(job),
+        next_steps=_next_steps(job, files),
     )
 
 

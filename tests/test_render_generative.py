@@ -423,7 +423,10 @@ def test_sora_family_jobs_use_their_own_stock_configs(tmp_path: Path) -> None:
     """HunyuanVideo / StepVideo / Open-Sora-Plan 1.3 jobs: the stock model config of their task, their own
     extraction and feature configs (not Wan2.1's), their stock switches, and the LoRA adapter for LoRA."""
     _, hy = _render(tmp_path / "hy", "hunyuanvideo", "lora")
-    assert 'MM_MODEL="$MM_ROOT"/examples/hunyuanvideo/i2v/model_hunyuanvideo_i2v.json' in hy["pretrain.sh"]
+    assert 'MM_MODEL="$JOB_DIR/pretrain_model.json"' in hy["pretrain.sh"]
+    hy_model = json.loads(hy["pretrain_model.json"])  # the stock i2v model config, with the user's weights
+    assert hy_model["task"] == "i2v" and hy_model["diffusion"]["model_id"] == "hunyuanvideo_i2v_diffusion"
+    assert hy_model["text_encoder"][0]["from_pretrained"].endswith("/tencent/HunyuanVideo/text_encoder_i2v")
     fe_model = json.loads(hy["feature_extract/model_t2v.json"])
     assert fe_model["ae"]["model_id"] == "autoencoder_kl_hunyuanvideo"
     assert [t["model_id"] for t in fe_model["text_encoder"]] == ["HunyuanMLLmModel", "CLIP"]
@@ -443,7 +446,8 @@ def test_sora_family_jobs_use_their_own_stock_configs(tmp_path: Path) -> None:
 
     _, osp = _render(tmp_path / "osp", "opensoraplan1.3", "t2v")
     extract = osp["feature_extract/feature_extraction.sh"]
-    assert 'MM_MODEL="$MM_ROOT"/examples/opensoraplan1.3/t2v_A3/pretrain_t2v_model.json' in extract
+    # the stock extract_feature.sh extracts with the training model config (rendered as pretrain_model.json)
+    assert 'MM_MODEL="$JOB_DIR/pretrain_model.json"' in extract and "pretrain_model.json" in osp
     assert "feature_extract/model_t2v.json" not in osp
     assert json.loads(osp["feature_data.json"])["dataset_param"]["preprocess_parameters"]["num_frames"] == 45
 
@@ -459,3 +463,32 @@ def test_wan_job_keeps_the_template_defaults(tmp_path: Path) -> None:
     ):
         assert flag in sh
     assert "--lora-r" not in sh and "MULTI_STREAM_MEMORY_REUSE" not in sh
+
+
+def test_each_task_downloads_its_own_repo(tmp_path: Path) -> None:
+    """The HF repo a job downloads, converts and loads is the task's own (registry hf_ids by task word, or the
+    task named by weights_of), not the size's first repo: i2v jobs used to train from the t2v weights when the
+    repo name did not have the task between two dashes (HunyuanVideo-I2V, stepvideo-ti2v, CogVideoX-5b-I2V)."""
+    reg = get_registry()
+    for entry in reg.models.values():
+        for task in entry.tasks:
+            if task.weights_of is not None:
+                assert task.weights_of in {t.id for t in entry.tasks}, f"{entry.id} {task.id}: weights_of"
+    expected = {
+        ("hunyuanvideo", "t2v", "default"): "tencent/HunyuanVideo",
+        ("hunyuanvideo", "i2v", "default"): "tencent/HunyuanVideo-I2V",
+        ("hunyuanvideo", "lora", "default"): "tencent/HunyuanVideo-I2V",
+        ("stepvideo", "i2v", "default"): "stepfun-ai/stepvideo-ti2v",
+        ("stepvideo", "t2v", "default"): "stepfun-ai/stepvideo-t2v",
+        ("cogvideox", "i2v", "1.0"): "THUDM/CogVideoX-5b-I2V",
+        ("cogvideox", "t2v", "1.0"): "THUDM/CogVideoX-5b",
+        ("wan2.1", "i2v", "14b"): "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+    }
+    for (model, task, size), repo in expected.items():
+        out = render_job(
+            RenderRequest(
+                model=model, task=task, size=size, mm_version="26.0.0", out_dir=str(tmp_path / model / task)
+            )
+        )
+        download = next(s for s in out.next_steps if s.startswith("huggingface-cli download"))
+        assert download.split()[2] == repo, (model, task, download)

@@ -90,6 +90,20 @@ def test_pp_layers_missing(wan: Path) -> None:
     assert "must be specified in the config for pipeline parallel" in f.message
 
 
+def test_null_pp_layers_is_no_split(wan: Path) -> None:
+    """`pipeline_num_layers: null` (the stock CogVideoX configs) is accepted at PP=1, as MindSpeed-MM does,
+    and is the missing-list error at PP=2."""
+    assert not new_findings(wan, lambda: _layers(wan, None))
+    f = assert_one(
+        new_findings(wan, lambda: (_set(wan, "pretrain.sh", PP=2), _layers(wan, None))),
+        "pp.layers_missing",
+        "error",
+        wan / "pretrain_model.json",
+        "predictor",
+    )
+    assert "must be specified" in f.message
+
+
 def test_vpp_needs_nested_lists(wan: Path) -> None:
     def change() -> None:
         _set(wan, "pretrain.sh", PP=2, VP=2)

@@ -234,6 +234,11 @@ class TaskSpec(_Frozen):
         "(e.g. LoRA arguments added to the SFT script); None: the script alone is the task",
     )
     inference_script: ScriptRef | None = None
+    weights_of: TaskId | None = Field(
+        default=None,
+        description="the task whose Hugging Face repo (of the size's hf_ids) this task starts from, e.g. "
+        "a LoRA of the i2v model; None = this task's own",
+    )
     feature_extraction: FeatureExtraction | None = None
     sizes: list[str] | None = Field(default=None, description="sizes this task exists for; None = all")
     versions: VersionRange = VersionRange()
@@ -388,8 +393,6 @@ class ModelEntry(_Frozen):
             for size in task.sizes or []:
                 if size not in size_ids:
                     raise ValueError(f"task {task.id} names size {size!r}, not one of {size_ids}")
-            if task.template == "megatron_generative" and task.feature_extraction is None:
-                raise ValueError(f"task {task.id} uses the feature-extraction template but names no script")
         return self
 
     def task(self, task_id: str, backend: str | None = None) -> TaskSpec | None:

@@ -122,7 +122,7 @@ def _flat(value: list[Any]) -> list[int]:
 
 def _sum(job: Job, cfg: ConfigFile, prefix: str, section: dict[str, Any]) -> None:
     field = join(prefix, "pipeline_num_layers")
-    if "pipeline_num_layers" not in section:
+    if section.get("pipeline_num_layers") is None:  # null: no split, as the stock configs write at PP=1
         return
     layers = _ints(job, cfg, field, section["pipeline_num_layers"])
     total = to_int(section.get("num_layers"))
@@ -226,7 +226,7 @@ def _pp_lists(job: Job, cfg: ConfigFile, s: Sizes) -> None:
     lists = {role: (prefix, sec) for prefix, sec, role in _layer_lists(cfg)}
     for role, (prefix, sec) in lists.items():
         field = join(prefix, "pipeline_num_layers")
-        if "pipeline_num_layers" not in sec:
+        if sec.get("pipeline_num_layers") is None:
             job.sink.error(
                 "pp.layers_missing",
                 str(cfg.path),

@@ -86,7 +86,6 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
         ("cogvideox", task, "megatron", size): {
             "train": f"examples/cogvideox/{task}_{size}/pretrain_cogvideox_{task}{'' if size == '1.0' else '_1.5'}.sh",
             "sample": f"examples/cogvideox/{task}_{size}/inference_cogvideox_{task}{'' if size == '1.0' else '_1.5'}.sh",
-            "extract": f"examples/cogvideox/feature_extract/feature_extraction_{task}.sh",
         }
         for task in ("t2v", "i2v")
         for size in ("1.0", "1.5")
@@ -94,7 +93,6 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
     ("cogvideox", "lora", "megatron", "1.5"): {
         "train": "examples/cogvideox/t2v_1.5/finetune_cogvideox_lora_t2v_1.5.sh",
         "sample": "examples/cogvideox/t2v_1.5/inference_cogvideox_t2v_1.5.sh",
-        "extract": "examples/cogvideox/feature_extract/feature_extraction_t2v.sh",
     },
     ("hunyuanvideo", "t2v", "megatron", "default"): {
         "train": "examples/hunyuanvideo/t2v/pretrain_hunyuanvideo.sh",
@@ -141,30 +139,8 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
 }
 
 
-# Models whose rendered jobs are not yet the stock example's (issue 13). All pass the stock model config
-# (registry size config_files.model_<task>) unrendered, so its weight paths are the stock placeholders.
-# Strict: a case that starts passing fails here until its entry is removed.
-NOT_YET_STOCK: dict[str, str] = {
-    "cogvideox": "the stock CogVideoX scripts train on raw video (model config load_video_features: false, data "
-    "dataset_type t2v) while the job trains on extracted features with Wan's extraction configs",
-    "hunyuanvideo": "stock model config unrendered; no sampling script; t2v LayerZero (--layerzero, "
-    "examples/hunyuanvideo/zero_config.yaml) not rendered",
-    "opensoraplan1.3": "stock model config unrendered; no sampling script; extraction --num-workers 4 (stock 8)",
-    "stepvideo": "stock model config unrendered; no sampling script; i2v passes --load (stock: none)",
-}
-
-
 CASES = registry_cases(SETS, VERSIONS)
-PARAMS = [
-    pytest.param(
-        *case,
-        id="-".join(case),
-        marks=[pytest.mark.xfail(strict=True, reason=f"issue 13: {NOT_YET_STOCK[case[0]]}")]
-        if case[0] in NOT_YET_STOCK
-        else [],
-    )
-    for case in CASES
-]
+PARAMS = [pytest.param(*case, id="-".join(case)) for case in CASES]
 
 
 def test_every_case_has_a_stock_map() -> None:
@@ -172,7 +148,6 @@ def test_every_case_has_a_stock_map() -> None:
     assert keys, "no generative registry task on the megatron template sets"
     assert sorted(keys - set(STOCK)) == [], "registry cases with no stock scripts listed in STOCK"
     assert sorted(set(STOCK) - keys) == [], "STOCK lists cases the registry no longer has"
-    assert set(NOT_YET_STOCK) <= {key[0] for key in keys}, "NOT_YET_STOCK names a model with no case"
 
 
 def _load(path: Path) -> Any:
@@ -293,7 +268,7 @@ def test_defaults_match_stock(
 def test_every_declared_deviation_is_used(mm_tree: Any, tmp_path: Path) -> None:
     """A deviation entry of these models that no rendered job needs any more is stale: it would hide a
     future regression on that key. Each entry must excuse at least one difference."""
-    models = {case[0] for case in CASES} - set(NOT_YET_STOCK)
+    models = {case[0] for case in CASES}
     entries = {(m, i): d for m in models for i, d in enumerate(deviations_for(m))}
     used: set[tuple[str, int]] = set()
     for n, (model, task, backend, size, version) in enumerate(CASES):
