@@ -64,16 +64,16 @@ async def main(calls: int, starts: int) -> None:
         # a job to validate, rendered through the server itself
         async with Client(mm) as client:
             r = await client.call_tool(
-                "render_job", {"req": {"model": "wan2.1", "task": "t2v", "out_dir": "job", "confirm": True}}
+                "render_job", {"model": "wan2.1", "task": "t2v", "out_dir": "job", "confirm": True}
             )
             assert not r.is_error, r.content
 
         mm_cold = [await cold_start(mm) for _ in range(starts)]
         ref_cold = [await cold_start(ref) for _ in range(starts)]
         route = await call_latencies(
-            mm, "route_model", {"req": {"text": "fine-tune Wan2.1 text-to-video on 8 NPUs"}}, calls
+            mm, "route_model", {"request": "fine-tune Wan2.1 text-to-video on 8 NPUs"}, calls
         )
-        validate = await call_latencies(mm, "validate_configs", {"req": {"paths": ["job"]}}, calls)
+        validate = await call_latencies(mm, "validate_configs", {"paths": ["job"]}, calls)
         ref_calls = await call_latencies(ref, "get_current_time", {"timezone": "UTC"}, calls)
 
     ms = 1000.0

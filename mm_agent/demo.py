@@ -319,7 +319,7 @@ class _Demo:
         )
 
     def route(self) -> str:
-        result = route_model(RouteRequest(text=self.req.request))
+        result = route_model(RouteRequest(request=self.req.request))
         if result.question or not result.candidates:
             raise StageFailed(f"the router could not pick a model: {result.question or 'no candidates'}")
         top = result.candidates[0]

@@ -102,8 +102,7 @@ class JobSpec(BaseModel):
     )
     runtime: Runtime = Field(
         default="mindspeed-mm",
-        description="mindspeed-mm: scripts run MindSpeed-MM in its checkout; bundled: mm-agent's own "
-        "runtime (python -m runtime.train) on NPU, GPU or CPU (Wan-family t2v)",
+        description="mindspeed-mm (its checkout's scripts) or bundled (mm-agent's runtime, Wan t2v, any device)",
     )
     num_frames: int | None = Field(
         default=None, ge=1, le=10_001, description="frames per clip, 4n+1 (Wan default 81)"
@@ -122,7 +121,7 @@ class JobSpec(BaseModel):
     )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="random seed (default 1234)")
     device: Device | None = Field(
-        default=None, description="bundled runtime device: auto (NPU, then CUDA, then CPU), npu, cuda, cpu"
+        default=None, description="bundled runtime device (auto: NPU, else CUDA, else CPU)"
     )
 
     @field_validator("num_frames")
@@ -230,7 +229,7 @@ def confine_job(job: ResolvedJob, root: Path) -> None:
                 f"{field} {value} lies outside {where(root)}",
                 field=field,
                 fix="put it inside the workspace (e.g. a relative path) and re-render the job; the server "
-                "operator can allow another root with `mm-agent serve --allow-root DIR`",
+                "operator can allow another root with `mm-agent serve --allow-path DIR`",
             )
 
 
@@ -400,7 +399,7 @@ def task_repo(hf_ids: list[str], task_id: str) -> str | None:
     task = task_id.lower()
     exact = [h for h in hf_ids if task in words(h)]
     near = [h for h in hf_ids if any(w.endswith(task) for w in words(h))]
-    return (exact or near or hf_ids or [None])[0]
+    return (exact or near or hf_ids)[0] if hf_ids else None
 
 
 def train_values(spec: JobSpec, task: TaskSpec, version: str) -> dict[str, Any]:
@@ -447,7 +446,12 @@ def _layers_for(
 
 
 def _wan_arch(
-    entry: ModelEntry, size: SizeSpec, spec: JobSpec, weights_dir: str, root: Path | None
+    entry: ModelEntry,
+    size: SizeSpec,
+    spec: JobSpec,
+    weights_dir: str,
+    root: Path | None,
+    hf_id: str | None = None,
 ) -> tuple[dict[str, Any], WanWeights | None]:
     """The size's arch, overlaid with what the checkpoint's config.json files say (Wan family only; with
     `root`, only when weights_dir is inside the workspace)."""
@@ -462,7 +466,7 @@ def _wan_arch(
             )
         return arch, None
     readable = root is None or inside(Path(weights_dir), root)
-    weights = read_wan_weights(Path(weights_dir), root) if readable else WanWeights()
+    weights = read_wan_weights(Path(weights_dir), root, hf_id) if readable else WanWeights()
     arch.update(weights.arch)
     text_len = spec.text_len or weights.text_len
     if text_len is not None:
@@ -558,7 +562,7 @@ def resolve_job(
     jd = job_dir.resolve()
     hf_id = task_repo(size.hf_ids, task.weights_of or task.id)
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
-    arch, wan = _wan_arch(entry, size, spec, weights, root)
+    arch, wan = _wan_arch(entry, size, spec, weights, root, hf_id)
 
     num_layers = arch.get("num_layers")
     pnl = _layers_for(spec, int(num_layers) if num_layers else None, pp, par.pipeline_num_layers)

@@ -10,7 +10,7 @@ directories are written through `open_dir`, which walks from the root one compon
 `O_NOFOLLOW`, so nothing is ever created through a symlink.
 
 The workspace is the `root` argument the core functions take (None = the CLI, which trusts its operator).
-Roots the server operator allows besides it (`mm-agent serve --allow-root DIR`) are set for the duration
+Roots the server operator allows besides it (`mm-agent serve --allow-path DIR`) are set for the duration
 of a tool call with `allowed_roots(...)`; they widen every check here in the same way.
 """
 
@@ -62,12 +62,17 @@ def inside(path: Path, root: Path) -> bool:
         return False
 
 
+ALLOW_HOW = "the server operator adds one with `mm-agent serve --allow-path DIR`, repeatable"
+
+
 def where(root: Path) -> str:
-    """How to name the permitted area in a message."""
+    """How to name the permitted area in a refusal: every root that IS allowed, and how to add one."""
     allowed = _ALLOWED.get()
     if not allowed:
-        return f"the workspace {root.resolve()}"
-    return f"the workspace {root.resolve()} or an allowed root ({', '.join(map(str, allowed))})"
+        return f"the workspace {root.resolve()} (the only allowed root; {ALLOW_HOW})"
+    return (
+        f"the workspace {root.resolve()} and the allowed paths {', '.join(map(str, allowed))} ({ALLOW_HOW})"
+    )
 
 
 def check_text(value: str, field: str) -> None:
@@ -108,8 +113,8 @@ def confine(user_path: str, root: Path, field: str = "path") -> Path:
         raise MMAgentError(
             f"path {user_path!r} resolves outside {where(root)}",
             field=field,
-            fix="use a path inside the workspace (the server operator can add one with "
-            "`mm-agent serve --allow-root DIR`)",
+            fix="use a path under one of the allowed roots, or ask the server operator to allow the "
+            "directory that holds it",
         )
     return resolved
 
@@ -213,7 +218,10 @@ def open_dir(path: Path, root: Path | None, field: str = "path", create: bool = 
     base = owning_root(path, root)
     if base is None:
         raise MMAgentError(
-            f"{path} is outside {where(root)}", field=field, fix="use a path inside the workspace"
+            f"{path} is outside {where(root)}",
+            field=field,
+            fix="use a path under one of the allowed roots, or ask the server operator to allow the "
+            "directory that holds it",
         )
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -31,10 +31,8 @@ MAX_JOB_YAML = 256 * 1024  # a job.yaml is a few hundred bytes
 
 class RenderRequest(JobSpec):
     out_dir: PathText = Field(description="job directory to create")
-    confirm: bool = Field(default=False, description="write the files; false = dry run that only shows them")
-    force: bool = Field(
-        default=False, description="replace a different existing job (the old one is kept as a backup)"
-    )
+    confirm: bool = Field(default=False, description="write the files (false: dry run)")
+    force: bool = Field(default=False, description="replace a different job (kept as a backup)")
 
 
 class RenderedFile(BaseModel):
@@ -169,7 +167,7 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
     from mm_agent.pipeline import bundled_convert_command, convert_command, converter_gap
 
     d = job.job_dir
-    steps: list[str] = []
+    steps: list[str] = _master_addr_step(job)  # a multi-node job no node can join: first
     have_weights = job.weights is not None and job.weights.transformer_config is not None
     if job.hf_id and not have_weights:
         steps.append(shlex.join(["huggingface-cli", "download", job.hf_id, "--local-dir", job.weights_dir]))
@@ -177,6 +175,13 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         source = str(Path(job.weights_dir) / "transformer")
         steps.append(shlex.join(bundled_convert_command(job.entry, source=source, target=job.load_path)))
         steps.append(f"mm-agent validate {shlex.quote(d)}")
+        if job.nnodes > 1:
+            # the job manager starts one node; every node runs the same scripts with its own rank
+            launch = ["feature_extract/feature_extraction.sh"] if job.uses_features else []
+            steps += _per_node(job, [s for s in [*launch, "pretrain.sh"] if s in files])
+            if "inference.sh" in files:
+                steps.append(f"mm-agent sample {shlex.quote(d)} --yes --wait")
+            return steps
         if job.uses_features:
             steps.append(f"mm-agent extract {shlex.quote(d)} --yes --wait")
         steps.append(f"mm-agent train {shlex.quote(d)} --yes --wait")
@@ -202,12 +207,57 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         )
         steps.append(f"cd {shlex.quote(job.mm_root)} && {shlex.join(argv)}")
     steps.append(f"mm-agent validate {shlex.quote(d)}")
-    if job.uses_features:
-        steps.append(f"bash {shlex.quote(d + '/feature_extract/feature_extraction.sh')}")
     scripts = sorted(
         p for p in files if p.endswith(".sh") and not p.startswith(("feature_extract/", "inference"))
     )
+    if job.uses_features:
+        scripts.insert(0, "feature_extract/feature_extraction.sh")
+    if job.nnodes > 1:
+        return steps + _per_node(job, scripts)
     steps += [f"bash {shlex.quote(d + '/' + s)}" for s in scripts]
+    return steps
+
+
+# Nodes listed one command each; above this, node 0, node 1 and one line for the rest.
+_NODES_LISTED = 8
+
+
+def _master_addr_step(job: ResolvedJob) -> list[str]:
+    """A multi-node job whose master address no other node can reach: the re-render comes first."""
+    from mm_agent.validate.rules_multinode import unreachable
+
+    why = unreachable(job.spec.master_addr) if job.nnodes > 1 else None
+    if why is None:
+        return []
+    d = shlex.quote(job.job_dir)
+    return [
+        f"# {job.nnodes} nodes, but master_addr {why}: re-render with node 0's IP that every node can reach",
+        f"mm-agent render --from {d}/job.yaml --out {d} --master-addr <node-0-ip> --force",
+    ]
+
+
+def _per_node(job: ResolvedJob, scripts: list[str]) -> list[str]:
+    """One command per node for each launch script: same job dir on every node, its own NODE_RANK."""
+    from mm_agent.validate.rules_multinode import unreachable
+
+    addr = "<node-0-ip>" if unreachable(job.spec.master_addr) else shlex.quote(job.spec.master_addr)
+    steps = [
+        f"# {job.nnodes} nodes: every node needs this job dir at the same path {job.job_dir} (shared storage, "
+        "or copy it with the weights and data), then runs each command below on its node, node 0 (the master) "
+        "and the others together"
+    ]
+    ranks = list(range(job.nnodes))
+    if job.nnodes > _NODES_LISTED:
+        ranks = [0, 1]
+    for script in scripts:
+        path = shlex.quote(job.job_dir + "/" + script)
+        for rank in ranks:
+            where = "on node 0 (the master)" if rank == 0 else f"on node {rank}"
+            steps.append(f"NODE_RANK={rank} MASTER_ADDR={addr} bash {path}  # {where}")
+        if job.nnodes > _NODES_LISTED:
+            steps.append(
+                f"NODE_RANK=<rank> MASTER_ADDR={addr} bash {path}  # on node <rank>, 2 .. {job.nnodes - 1}"
+            )
     return steps
 
 

@@ -16,18 +16,20 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from difflib import get_close_matches
-from typing import get_args
+from typing import Any, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
 from mm_agent.fields import REQUEST_CHARS, Name
 from mm_agent.jobspec import Runtime, bundled_refusal
 from mm_agent.pipeline import PipelineStage, build_pipeline
 from mm_agent.registry import DATA_DIR, Registry, get_registry
+from mm_agent.registry.hardware import load_hardware
 from mm_agent.registry.schema import Family, ModelEntry, SizeSpec, TaskId, TaskSpec, version_key
 
 MAX_CANDIDATES = 5
@@ -60,6 +62,11 @@ class Vocabulary(_Strict):
     numerals: dict[str, int]
     npu_units: list[str]
     node_units: list[str]
+    times: list[str]
+    per_node_after: list[str]
+    per_node_before: list[str]
+    single_node: list[str]
+    not_model_words: list[str]
     version_prefixes: list[str]
     not_version_after: list[str]
 
@@ -76,19 +83,30 @@ def load_vocabulary() -> Vocabulary:
 
 
 class RouteRequest(_Strict):
-    text: str = Field(
-        default="", max_length=REQUEST_CHARS, description="the request in words (a sentence or two)"
+    request: str = Field(
+        default="",
+        max_length=REQUEST_CHARS,
+        validation_alias=AliasChoices("request", "text"),
+        description="the request in words, English or Chinese (a sentence or two)",
     )
     model: Name | None = Field(default=None, description="model id, alias or HF id; overrides the text")
     task: Name | None = Field(default=None, description="task id or task phrase; overrides the text")
     mm_version: Name | None = None
-    npus: int | None = Field(default=None, ge=1, description="total NPUs")
-    nodes: int | None = Field(default=None, ge=1)
+    npus: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="TOTAL NPUs over all nodes (16 = 2 nodes x 8); overrides counts in the text",
+    )
+    npus_per_node: int | None = Field(default=None, ge=1, le=16, description="NPUs on each node")
+    nnodes: int | None = Field(
+        default=None, ge=1, le=4096, validation_alias=AliasChoices("nnodes", "nodes"), description="nodes"
+    )
     runtime: Runtime = Field(
         default="mindspeed-mm",
-        description="pipeline to show: MindSpeed-MM's scripts, or mm-agent's bundled runtime (Wan-family t2v; "
-        "other candidates keep the MindSpeed-MM pipeline)",
+        description="pipeline to show: MindSpeed-MM's, or mm-agent's bundled runtime (Wan t2v)",
     )
+    detail: bool = Field(default=False, description="every candidate's pipeline (default: the best one's)")
 
 
 class ParsedRequest(_Strict):
@@ -99,9 +117,21 @@ class ParsedRequest(_Strict):
     tasks: list[str] = Field(default_factory=list)
     sizes: list[str] = Field(default_factory=list)
     version: str | None = None
-    npus: int | None = None
-    nodes: int | None = None
+    npus: int | None = Field(default=None, description="total NPUs asked for (all nodes)")
+    npus_per_node: int | None = Field(default=None, description="NPUs per node asked for")
+    nodes: int | None = Field(default=None, description="nodes asked for")
+    hardware: list[str] = Field(
+        default_factory=list, description="accelerators/servers named (hardware.yaml)"
+    )
     families: list[str] = Field(default_factory=list)
+
+
+class RouteChoice(_Strict):
+    """A valid alternative offered when the request names no MindSpeed-MM model or a task its model lacks."""
+
+    model_id: str
+    name: str
+    tasks: list[str] = Field(description="the tasks of this model that fit (all of them when none was asked)")
 
 
 class RouteCandidate(_Strict):
@@ -122,14 +152,22 @@ class RouteCandidate(_Strict):
     suggested_version: str | None
     explanation: str
     score: float
+    npus_per_node: int = Field(description="NPUs per node of the launch (asked for, else the size's default)")
+    nnodes: int = Field(description="nodes of the launch (asked for, else the size's default)")
     runtime: Runtime = Field(description="which runtime `pipeline` is for")
-    pipeline: list[PipelineStage]
+    pipeline: list[PipelineStage] = Field(description="the 8 stages (the best candidate only, unless detail)")
 
 
 class RouteResult(_Strict):
     candidates: list[RouteCandidate]
-    question: str | None
+    question: str | None = Field(
+        description="set when the request cannot pick one model: a question, or a plain statement (not a "
+        "MindSpeed-MM model; the model has no such task) with the valid choices"
+    )
     parsed: ParsedRequest
+    choices: list[RouteChoice] = Field(
+        default_factory=list, description="valid alternatives named in `question` when no candidate fits"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- text matching
@@ -166,6 +204,8 @@ class _Text:
 
     def __init__(self, text: str):
         self.norm = normalize(text)
+        spelled = " ".join(unicodedata.normalize("NFKC", text).split())
+        self.spelled = spelled if len(spelled) == len(self.norm) else self.norm  # the user's case, for echoes
         self.compact, self.gaps = _compact(self.norm)
         self.pos: list[int] = [i for i, ch in enumerate(self.norm) if ch not in _SEPARATORS]
         self.used = [False] * len(self.norm)
@@ -244,14 +284,35 @@ class _Parse:
     families: list[FamilyWords] = field(default_factory=list)
     sizes: list[str] = field(default_factory=list)
     version: str | None = None
-    npus: int | None = None
+    npus: int | None = None  # total
+    npus_per_node: int | None = None
     nodes: int | None = None
+    hardware: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # model-like words that name no registry model
+    notes: list[str] = field(default_factory=list)  # how the counts were read, when not as written
     phrases: list[str] = field(default_factory=list)  # vocabulary phrases found, for the question
     text: _Text = field(default_factory=lambda: _Text(""))
 
 
+T = TypeVar("T")
+_DERIVED: dict[tuple[str, int], tuple[object, Any]] = {}
+
+
+def _derived(name: str, source: object, build: Callable[[], T]) -> T:
+    """A table built once per loaded registry/vocabulary object (they are loaded once and never change):
+    the sorted phrase lists and the HF index, which every route call reads."""
+    key = (name, id(source))
+    if key not in _DERIVED:
+        _DERIVED[key] = (source, build())  # keeps `source` alive, so its id is never reused
+    return _DERIVED[key][1]
+
+
 def _task_phrases(vocab: Vocabulary) -> list[tuple[str, TaskWords]]:
-    return sorted(((w, t) for t in vocab.tasks for w in t.words), key=lambda p: -len(_compact(p[0])[0]))
+    return _derived(
+        "tasks",
+        vocab,
+        lambda: sorted(((w, t) for t in vocab.tasks for w in t.words), key=lambda p: -len(_compact(p[0])[0])),
+    )
 
 
 def _hf_index(reg: Registry) -> dict[str, list[tuple[str, str | None, bool]]]:
@@ -260,6 +321,10 @@ def _hf_index(reg: Registry) -> dict[str, list[tuple[str, str | None, bool]]]:
     Several entries may train from one HF checkpoint (verl_examples uses Qwen2.5-VL weights); the owners are
     the entries that list the id among their aliases, or every user when none does.
     """
+    return _derived("hf", reg, lambda: _build_hf_index(reg))
+
+
+def _build_hf_index(reg: Registry) -> dict[str, list[tuple[str, str | None, bool]]]:
     index: dict[str, list[tuple[str, str | None, bool]]] = {}
     for entry in reg.models.values():
         claimed = {a.lower() for a in entry.aliases if "/" in a}
@@ -353,38 +418,185 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
             p.tasks += by_word.get(_compact(token)[0], [])
 
     p.version = _parse_version(t, reg, vocab)
+    p.hardware = _parse_hardware(t)
+    _parse_counts(p, vocab)
 
-    num = "|".join([r"\d+", *sorted(map(re.escape, vocab.numerals), key=len, reverse=True)])
-    for attr, units in (("nodes", vocab.node_units), ("npus", vocab.npu_units)):
-        alt = "|".join(re.escape(normalize(u)) for u in sorted(units, key=len, reverse=True))
-        count = re.search(rf"(?<![a-z0-9.])({num})\s*(?:x\s*)?(?:{alt})(?![a-z])", t.masked())
-        if count:
-            setattr(p, attr, _number(count.group(1), vocab))
-            t.consume_norm(count.start(), count.end())
-
-    aliases = sorted(
-        ((a, e.id) for e in reg.models.values() for a in {e.id, e.name, *e.aliases}),
-        key=lambda a: -len(_compact(a[0])[0]),
+    aliases = _derived(
+        "aliases",
+        reg,
+        lambda: sorted(
+            ((a, e.id) for e in reg.models.values() for a in {e.id, e.name, *e.aliases}),
+            key=lambda a: -len(_compact(a[0])[0]),
+        ),
     )
     for alias, model_id in aliases:
-        if t.take(alias):
+        if _compact(alias)[0] in t.compact and t.take(alias):  # the substring test skips most at C speed
             _add(p.models, model_id)
 
     p.sizes = [
         m.group(1) + "b" for m in re.finditer(r"(?<![a-z0-9.])(a?\d+(?:\.\d+)?)b(?![a-z0-9])", t.masked())
     ]
     for phrase, words in phrases:
-        hits = t.take(phrase)
+        hits = t.take(phrase) if _compact(phrase)[0] in t.compact else 0
         p.tasks += [words] * hits
         p.phrases += [phrase] * bool(hits)
-    family_phrases = sorted(
-        ((w, f) for f in vocab.families for w in f.words), key=lambda x: -len(_compact(x[0])[0])
+    family_phrases = _derived(
+        "families",
+        vocab,
+        lambda: sorted(
+            ((w, f) for f in vocab.families for w in f.words), key=lambda x: -len(_compact(x[0])[0])
+        ),
     )
     for phrase, fw in family_phrases:
-        hits = t.take(phrase)
+        hits = t.take(phrase) if _compact(phrase)[0] in t.compact else 0
         p.families += [fw] * hits
         p.phrases += [phrase] * bool(hits)
+    if not p.models:
+        p.unknown = _unknown_models(t, vocab)
     return p
+
+
+def _parse_hardware(t: _Text) -> list[str]:
+    """Consume accelerator/server names (hardware.yaml), longest first, so that neither a count nor a size
+    is read from them. Whole words only, glued characters reject: "a2" is not read inside "a2v"."""
+    hardware = load_hardware()
+    words = _derived(
+        "hardware",
+        hardware,
+        lambda: sorted(
+            ((w, h.name) for h in hardware.hardware for w in h.words), key=lambda x: -len(_compact(x[0])[0])
+        ),
+    )
+    found: list[str] = []
+    for word, name in words:
+        if _compact(word)[0] not in t.compact:
+            continue
+        for start, end in t.find(word, strict_digits=True):
+            if not any(t.used[t.pos[i]] for i in range(start, end)):
+                t.consume_norm(t.pos[start], t.pos[end - 1] + 1)
+                _add(found, name)
+    return found
+
+
+def _alternation(words: list[str]) -> str:
+    """Regex alternation of vocabulary words, longest first; a space inside a word matches any spacing."""
+    parts = [r"\s*".join(map(re.escape, normalize(w).split())) for w in words]
+    return "|".join(sorted(parts, key=len, reverse=True))
+
+
+@functools.lru_cache(maxsize=1)
+def _count_patterns() -> list[tuple[str, re.Pattern[str]]]:
+    """(kind, pattern) in the order they are tried. Every pattern starts at the start of a number (never
+    inside a digit run) or at a fixed marker word, so each pass is linear in the request."""
+    vocab = load_vocabulary()
+    num = "|".join([r"\d+", *sorted(map(re.escape, map(normalize, vocab.numerals)), key=len, reverse=True)])
+    first, second = rf"(?<![a-z0-9.])({num})", rf"({num})"
+    npu = rf"(?:张\s*)?(?:{_alternation(vocab.npu_units)})"
+    node = rf"(?:{_alternation(vocab.node_units)})"
+    times = rf"(?:{_alternation(vocab.times)})"
+    gap, end = r"[\s-]*", r"(?![a-z])"
+    return [
+        ("nodes*per", re.compile(rf"{first}{gap}{node}\s*(?:{times}|of)\s*{second}(?:{gap}{npu})?{end}")),
+        ("nodes*per", re.compile(rf"{first}\s*{times}\s*{second}{gap}{npu}{end}")),
+        ("per*nodes", re.compile(rf"{first}{gap}{npu}\s*(?:each\s*)?{times}\s*{second}{gap}{node}{end}")),
+        (
+            "per",
+            re.compile(rf"{first}{gap}(?:x\s*)?{npu}\s*,?\s*(?:{_alternation(vocab.per_node_after)}){end}"),
+        ),
+        (
+            "per",
+            re.compile(rf"(?:{_alternation(vocab.per_node_before)})\s*(?:有\s*)?{second}{gap}{npu}{end}"),
+        ),
+        ("nodes", re.compile(rf"{first}{gap}(?:x\s*)?{node}{end}")),
+        ("npus", re.compile(rf"{first}{gap}(?:x\s*)?{npu}{end}")),
+    ]
+
+
+def _parse_counts(p: _Parse, vocab: Vocabulary) -> None:
+    """Nodes, NPUs per node and total NPUs. A bare NPU count is the total ("16卡", "16 NPUs"); "8 NPUs each",
+    "每台8卡" and "2 nodes × 8" give NPUs per node; "单机" / "single node" one node. Hardware was consumed
+    before, so "8 Ascend 910B NPUs" reads as "8 NPUs"."""
+    t = p.text
+    nodes = 1 if any([t.take(w) for w in vocab.single_node]) else None
+    per = total = None
+    for kind, pattern in _count_patterns():
+        m = pattern.search(t.masked())
+        if m is None:
+            continue
+        a = _number(m.group(1), vocab)
+        b = _number(m.group(2), vocab) if pattern.groups > 1 else None
+        if kind == "nodes*per" and nodes is None and per is None:
+            nodes, per = a, b
+        elif kind == "per*nodes" and nodes is None and per is None:
+            per, nodes = a, b
+        elif kind == "per" and per is None:
+            per = a
+        elif kind == "nodes" and nodes is None:
+            nodes = a
+        elif kind == "npus" and total is None:
+            total = a
+        else:
+            continue
+        t.consume_norm(m.start(), m.end())
+    try:
+        p.npus, p.npus_per_node, p.nodes = _resolve_counts(total, per, nodes, source="text")
+    except MMAgentError:  # a count that does not split over the nodes: keep the total, drop the rest
+        p.npus, p.npus_per_node, p.nodes = total, None, None
+        layout = (
+            f"{nodes} nodes" if per is None else f"nodes of {per}" if nodes is None else f"{nodes} x {per}"
+        )
+        p.notes.append(f"{total} NPUs in all do not fit {layout}; reading only the total of {total}")
+
+
+def _resolve_counts(
+    total: int | None, per: int | None, nodes: int | None, *, source: str
+) -> tuple[int | None, int | None, int | None]:
+    """(total NPUs, NPUs per node, nodes) with what follows from two of them; an inconsistent set raises."""
+    if per is not None and nodes is not None:
+        if total is not None and total != per * nodes:
+            raise MMAgentError(
+                f"npus={total} is the total over all nodes, but npus_per_node={per} x nnodes={nodes} "
+                f"is {per * nodes} ({source})",
+                field="npus",
+                fix=f"pass npus={per * nodes} (the total), or leave npus out",
+            )
+        return per * nodes, per, nodes
+    if total is not None and per is not None:
+        if total % per:
+            raise MMAgentError(
+                f"npus={total} (the total) is not a whole number of nodes of npus_per_node={per} ({source})",
+                field="npus",
+                fix=f"pass npus as a multiple of {per}, e.g. {per * max(1, total // per)}",
+            )
+        return total, per, total // per
+    if total is not None and nodes is not None:
+        if total % nodes:
+            raise MMAgentError(
+                f"npus={total} (the total) does not split evenly over nnodes={nodes} ({source})",
+                field="npus",
+                fix=f"pass npus as a multiple of {nodes}, or npus_per_node instead of npus",
+            )
+        return total, total // nodes, nodes
+    return total, per, nodes
+
+
+def _unknown_models(t: _Text, vocab: Vocabulary) -> list[str]:
+    """Words left over that look like a model name (letters and digits, starting with a letter: "sora-ultra-9000",
+    "wan2.5", "meta-llama/llama-3-8b") but matched no registry alias, HF id, hardware name or vocabulary word."""
+    skip = {normalize(w) for w in vocab.not_model_words}
+    found: list[str] = []
+    for m in _MODEL_LIKE.finditer(t.masked()):
+        word = m.group(1)
+        if not any(c.isdigit() for c in word) or _NOT_A_MODEL.fullmatch(word):
+            continue
+        if word in skip or word.rstrip("0123456789.") in skip:
+            continue
+        _add(found, t.spelled[m.start(1) : m.end(1)])
+    return found
+
+
+_MODEL_LIKE = re.compile(r"(?<![a-z0-9._/-])([a-z][a-z0-9._/-]*[a-z0-9])")
+_NOT_A_MODEL = re.compile(r"a\d+(?:\.\d+)?b|v\d+(?:\.\d+)*|[a-z]{1,3}\d+(?:\.\d+)?e-?\d+")
 
 
 def _add(items: list[str], item: str) -> None:
@@ -526,16 +738,21 @@ def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, vers
     return _Scored(entry, task, size, round(score, 3), why)
 
 
-def _layout(p: _Parse, size: SizeSpec) -> tuple[int | None, int | None]:
-    """(NPUs per node, nodes) from total NPUs and/or nodes; full nodes of the size's default width first."""
-    if not p.npus:
-        return None, p.nodes
-    width = size.parallel.npus_per_node
-    nodes = p.nodes or (p.npus // width if p.npus > width and p.npus % width == 0 else 1)
-    return max(1, p.npus // nodes), nodes
+def _layout(p: _Parse, size: SizeSpec) -> tuple[int, int]:
+    """(NPUs per node, nodes) of the launch: what the request asked for, the size's default for the rest. A
+    bare total fills full nodes of the size's default width first (16 on an 8-wide size: 2 x 8)."""
+    width, default_nodes = size.parallel.npus_per_node, size.parallel.nnodes
+    if p.npus_per_node:
+        return p.npus_per_node, p.nodes or default_nodes
+    if p.npus:
+        nodes = p.nodes or (p.npus // width if p.npus > width and p.npus % width == 0 else 1)
+        return max(1, p.npus // nodes), nodes
+    return width, p.nodes or default_nodes
 
 
-def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry, runtime: Runtime) -> RouteCandidate:
+def _candidate(
+    s: _Scored, p: _Parse, version: str, reg: Registry, runtime: Runtime, *, pipeline: bool = True
+) -> RouteCandidate:
     entry, task, why = s.entry, s.task, list(s.why)
     wanted = {tw.task for tw in p.tasks if tw.only_families is None or entry.family in tw.only_families}
     have = list(dict.fromkeys(t.id for t in entry.tasks))
@@ -563,6 +780,7 @@ def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry, runtime: Runt
         if needs_fe and fe:
             why.append(f"needs offline feature extraction ({fe.script})")
     per_node, nodes = _layout(p, s.size)
+    why += p.notes
     conv = entry.converter
     return RouteCandidate(
         model_id=entry.id,
@@ -582,17 +800,42 @@ def _candidate(s: _Scored, p: _Parse, version: str, reg: Registry, runtime: Runt
         suggested_version=suggested,
         explanation="; ".join(w.rstrip(".") for w in why) + ".",
         score=s.score,
+        npus_per_node=per_node,
+        nnodes=nodes,
         runtime=runtime,
-        pipeline=build_pipeline(
-            entry, task, s.size, version, npus_per_node=per_node, nnodes=nodes, runtime=runtime
-        ),
+        pipeline=list(
+            _pipeline(entry.id, task.id, task.backend, s.size.id, version, per_node, nodes, runtime)
+        )
+        if pipeline
+        else [],
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _pipeline(
+    model_id: str,
+    task_id: str,
+    backend: str,
+    size_id: str,
+    version: str,
+    per_node: int,
+    nodes: int,
+    runtime: Runtime,
+) -> tuple[PipelineStage, ...]:
+    """The 8 stages of one (model, task, size, version, layout, runtime): registry data only, so built once."""
+    entry = get_registry().models[model_id]
+    task = entry.task(task_id, backend)
+    size = next(s for s in entry.sizes if s.id == size_id)
+    assert task is not None
+    return tuple(
+        build_pipeline(entry, task, size, version, npus_per_node=per_node, nnodes=nodes, runtime=runtime)
     )
 
 
 def route_model(req: RouteRequest) -> RouteResult:
     """Rank (model, task) pairs for the request; set `question` when the request can't pick one model."""
     reg, vocab = get_registry(), load_vocabulary()
-    p = _parse(req.text, reg, vocab)
+    p = _parse(req.request, reg, vocab)
     if req.model:
         model_id, hf_size = _resolve_model(req.model, reg)
         p.models = [model_id]
@@ -606,8 +849,7 @@ def route_model(req: RouteRequest) -> RouteResult:
         }
         p.tasks = [tw for tw in p.tasks if tw.only_families is None or context & set(tw.only_families)]
     version = reg.check_version(req.mm_version) if req.mm_version else (p.version or reg.versions.default)
-    p.npus = req.npus or p.npus
-    p.nodes = req.nodes or p.nodes
+    p.npus, p.npus_per_node, p.nodes = _request_counts(req, p)
 
     named = set(p.models)
     # a recipe entry sharing a named model's checkpoint competes only for tasks the user asked for
@@ -640,9 +882,18 @@ def route_model(req: RouteRequest) -> RouteResult:
         ranked = [x for x in ranked if x.score >= floor] or ranked
     top = ranked[:MAX_CANDIDATES]
 
-    question = None
+    question: str | None = None
+    choices: list[RouteChoice] = []
+    if not named and p.unknown:
+        question, choices = _not_a_model(p.unknown[0], ranked, p, reg)
+        top = []
+    elif named and p.tasks and not any(_task_asked(e, t.id, p) for e in pool for t in e.tasks):
+        question, choices = _no_such_task([reg.models[m] for m in p.models], p, reg)
+        top = []
     tied = {x.entry.id for x in top if x.score // 1 == top[0].score // 1}
-    if not named and p.tasks and not any(x.score >= 10 for x in top):
+    if question is not None:
+        pass
+    elif not named and p.tasks and not any(x.score >= 10 for x in top):
         asked = ", ".join(dict.fromkeys(tw.task for tw in p.tasks))
         known = ", ".join(sorted({t.id for e in reg.models.values() for t in e.tasks}))
         question = f"No registered model trains {asked}. Name a model, or pick a task from: {known}."
@@ -661,13 +912,100 @@ def route_model(req: RouteRequest) -> RouteResult:
         sizes=p.sizes,
         version=version,
         npus=p.npus,
+        npus_per_node=p.npus_per_node,
         nodes=p.nodes,
+        hardware=p.hardware,
         families=list(
             dict.fromkeys([f.family for f in p.families] + [tw.family for tw in p.tasks if tw.family])
         ),
     )
     return RouteResult(
-        candidates=[_candidate(x, p, version, reg, req.runtime) for x in top],
+        candidates=[
+            _candidate(x, p, version, reg, req.runtime, pipeline=req.detail or i == 0)
+            for i, x in enumerate(top)
+        ],
         question=question,
         parsed=parsed,
+        choices=choices,
     )
+
+
+def _request_counts(req: RouteRequest, p: _Parse) -> tuple[int | None, int | None, int | None]:
+    """The counts of the hints (`npus` is the total), completed from the text where that stays consistent;
+    hints that contradict each other raise with the fix."""
+    hints = (req.npus, req.npus_per_node, req.nnodes)
+    if not any(hints):
+        return p.npus, p.npus_per_node, p.nodes
+    merged = tuple(
+        h if h is not None else t for h, t in zip(hints, (p.npus, p.npus_per_node, p.nodes), strict=True)
+    )
+    try:
+        return _resolve_counts(*merged, source="hints and request text")
+    except MMAgentError:
+        return _resolve_counts(*hints, source="hints")
+
+
+def _offer(entry: ModelEntry, tasks: list[str]) -> str:
+    return f"{entry.id} ({', '.join(tasks)})"
+
+
+def _not_a_model(word: str, ranked: list[_Scored], p: _Parse, reg: Registry) -> tuple[str, list[RouteChoice]]:
+    """A plain statement for a model name the registry does not know, with the closest valid choices: ids,
+    names and aliases close in spelling, else the models that fit the task/family words of the request."""
+    names = {_compact(a)[0]: e.id for e in reg.models.values() for a in [e.id, e.name, *e.aliases]}
+    close = get_close_matches(_compact(word)[0], list(names), n=8, cutoff=0.6)
+
+    def fitting(entry: ModelEntry) -> bool:  # what else the request asked for: a task, else a family
+        ask = _task_asked if p.tasks else _family_asked if p.families else None
+        return ask is None or any(ask(entry, t.id, p) for t in entry.tasks)
+
+    ids = [m for m in dict.fromkeys(names[c] for c in close) if fitting(reg.models[m])][:3]
+    if not ids:
+        ids = list(dict.fromkeys(x.entry.id for x in ranked if x.score >= 1))[:3]
+    choices = []
+    for model_id in ids:
+        entry = reg.models[model_id]
+        fits = [t.id for t in entry.tasks if _task_asked(entry, t.id, p) or _family_asked(entry, t.id, p)]
+        choices.append(
+            RouteChoice(
+                model_id=entry.id,
+                name=entry.name,
+                tasks=list(dict.fromkeys(fits or [t.id for t in entry.tasks])),
+            )
+        )
+    statement = f"{word!r} is not a MindSpeed-MM model."
+    if choices:
+        offered = "; ".join(_offer(reg.models[c.model_id], c.tasks) for c in choices)
+        statement += f" Closest valid choices: {offered}. Name one (model=<id>)"
+    else:
+        statement += " Name a registered model (model=<id>)"
+    return statement + f", or see list_models for all {len(reg.models)}.", choices
+
+
+def _no_such_task(entries: list[ModelEntry], p: _Parse, reg: Registry) -> tuple[str, list[RouteChoice]]:
+    """A plain statement that the named model has none of the asked tasks: its own tasks, and the models
+    that have the asked one (never a silent route to another task)."""
+    asked = list(dict.fromkeys(tw.task for tw in p.tasks))
+    wanted = "/".join(asked)
+    choices = [
+        RouteChoice(model_id=e.id, name=e.name, tasks=list(dict.fromkeys(t.id for t in e.tasks)))
+        for e in entries
+    ]
+    own = "; ".join(
+        f"{e.name} has no {wanted} task (its tasks: {', '.join(c.tasks)})"
+        for e, c in zip(entries, choices, strict=True)
+    )
+    having = sorted(
+        (e for e in reg.models.values() if e not in entries and any(t.id in asked for t in e.tasks)),
+        key=lambda e: -_STATUS_BONUS.get(e.status, 0.0),
+    )
+    choices += [
+        RouteChoice(model_id=e.id, name=e.name, tasks=[t for t in asked if any(x.id == t for x in e.tasks)])
+        for e in having[:MAX_CANDIDATES]
+    ]
+    if having:
+        more = f" (+{len(having) - MAX_CANDIDATES} more)" if len(having) > MAX_CANDIDATES else ""
+        others = f"Models with {wanted}: {', '.join(e.id for e in having[:MAX_CANDIDATES])}{more}."
+    else:
+        others = f"No MindSpeed-MM model trains {wanted}."
+    return f"{own}. {others} Pick one of these tasks or models.", choices

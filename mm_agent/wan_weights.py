@@ -2,24 +2,29 @@
 
 The registry knows the published sizes (1.3B, 14B, 5B); a fine-tuned or tiny checkpoint can have any
 other shape, and a predictor config that disagrees with the weights fails only when the checkpoint is
-loaded. So when `<weights_dir>/transformer/config.json` exists, the predictor block of the rendered
-configs is sized from it (diffusers `WanTransformer3DModel` names mapped to MindSpeed-MM's `wandit`
-names), and the VAE strides and tokenizer length come from `vae/config.json` and
-`tokenizer/tokenizer_config.json`. Only small JSON files are read; no weights are loaded.
+loaded. So when `weights_dir` holds a checkpoint, the predictor block of the rendered configs is sized
+from its `transformer/config.json` (diffusers `WanTransformer3DModel` names mapped to MindSpeed-MM's
+`wandit` names), and the VAE strides and tokenizer length come from `vae/config.json` and
+`tokenizer/tokenizer_config.json`. Only small JSON files are read; no weights are loaded. A folder not
+downloaded yet (missing or empty) keeps the registry's size; one that holds files but no readable
+config is an error naming the file, the field and the fix, never a silent fallback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mm_agent.errors import MMAgentError
+from mm_agent.errors import MMAgentError, os_error
 from mm_agent.paths import read_file
 
 WAN_CLASS = "WanTransformer3DModel"
+TRANSFORMER_CONFIG = "transformer/config.json"
+WAN_EXAMPLE_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 # Tokenizers saved without a length record a huge sentinel (transformers' VERY_LARGE_INTEGER) instead.
 _MAX_SANE_TEXT_LEN = 100_000
 _MAX_CONFIG_BYTES = 4 * 1024 * 1024  # config.json files are a few KiB; a tokenizer config less than 1 MiB
@@ -87,14 +92,16 @@ def _read_json(path: Path, root: Path | None) -> dict[str, Any]:
         ) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise MMAgentError(
-            f"cannot read {path.name}: {exc}",
+            f"cannot read {path.name}: not JSON ({exc})",
             file=str(path),
+            field="weights_dir",
             fix="re-download the checkpoint, or point weights_dir at the diffusers folder",
         ) from exc
     if not isinstance(data, dict):
         raise MMAgentError(
             f"{path.name} is not a JSON object",
             file=str(path),
+            field="weights_dir",
             fix="re-download the checkpoint, or point weights_dir at the diffusers folder",
         )
     return data
@@ -116,31 +123,91 @@ def transformer_config(path: Path, root: Path | None = None) -> WanTransformerCo
     except ValidationError as exc:
         err = exc.errors()[0]
         raise MMAgentError(
-            f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
+            f"{TRANSFORMER_CONFIG}: {'.'.join(map(str, err['loc']))}: {err['msg']}",
             file=str(path),
             field=".".join(map(str, err["loc"])),
             fix="re-download the checkpoint; config.json does not describe a WanTransformer3DModel",
         ) from exc
 
 
-def read_wan_weights(weights_dir: Path, root: Path | None = None) -> WanWeights:
-    """Read what exists of transformer/, vae/ and tokenizer/ configs under `weights_dir` (with `root`, only
-    regular files that stay inside the workspace are read)."""
+def _present(path: Path, field: str = "weights_dir") -> bool:
+    """Whether `path` exists (a symlink counts, so a dangling one is read and refused, not skipped); a
+    folder that cannot be listed is an error, never "absent"."""
+    try:
+        path.lstat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise os_error(exc, file=str(path), field=field) from None
+    return True
+
+
+def _weights_folder(weights_dir: Path) -> bool:
+    """True when `weights_dir` holds files to size the job from; False when it is not there yet (missing
+    or empty: the user downloads after rendering). Anything else that cannot be read is an error."""
+    if not _present(weights_dir):
+        return False
+    if not weights_dir.is_dir():
+        what = "a symlink to nothing" if not weights_dir.exists() else "not a directory"
+        raise MMAgentError(
+            f"weights_dir {weights_dir} is {what}",
+            file=str(weights_dir),
+            field="weights_dir",
+            fix=f"point weights_dir at the diffusers checkpoint folder (the one holding {TRANSFORMER_CONFIG}), "
+            "or at a path that does not exist yet to download there after rendering",
+        )
+    try:
+        with os.scandir(weights_dir) as entries:
+            return next(entries, None) is not None
+    except OSError as exc:
+        raise os_error(exc, file=str(weights_dir), field="weights_dir") from None
+
+
+def read_wan_weights(weights_dir: Path, root: Path | None = None, hf_id: str | None = None) -> WanWeights:
+    """Read the transformer/, vae/ and tokenizer/ configs under `weights_dir` (with `root`, only regular
+    files that stay inside the allowed roots are read).
+
+    A folder that does not exist yet, or is empty, sizes nothing: the registry's size holds and the user
+    downloads there after rendering. A folder with files must hold a readable `transformer/config.json`:
+    the predictor is sized from it, and falling back to the registry's dimensions would render a job whose
+    checkpoint does not load."""
     out = WanWeights()
+    if not _weights_folder(weights_dir):
+        return out
     cfg_path = weights_dir / "transformer" / "config.json"
-    if cfg_path.is_file():
-        out.transformer_config = str(cfg_path)
-        out.arch = transformer_config(cfg_path, root).predictor_arch()
+    if not _present(cfg_path):
+        raise MMAgentError(
+            f"weights_dir {weights_dir} holds files but no {TRANSFORMER_CONFIG}, so the model's dimensions "
+            "cannot be read from it",
+            file=str(cfg_path),
+            field="weights_dir",
+            fix=f"finish the download (`huggingface-cli download {hf_id or WAN_EXAMPLE_REPO} "
+            f"--local-dir {weights_dir}`), or point weights_dir at the diffusers folder that holds "
+            f"{TRANSFORMER_CONFIG}, or at an empty or new folder to download into after rendering",
+        )
+    out.transformer_config = str(cfg_path)
+    out.arch = transformer_config(cfg_path, root).predictor_arch()
     vae_path = weights_dir / "vae" / "config.json"
-    if vae_path.is_file():
+    if _present(vae_path):
         vae = _read_json(vae_path, root)
-        spatial, temporal = vae.get("scale_factor_spatial"), vae.get("scale_factor_temporal")
-        if isinstance(spatial, int) and spatial > 0:
-            out.spatial_stride = spatial
-        if isinstance(temporal, int) and temporal > 0:
-            out.temporal_stride = temporal
+        for key, attr in (
+            ("scale_factor_spatial", "spatial_stride"),
+            ("scale_factor_temporal", "temporal_stride"),
+        ):
+            value = vae.get(key)
+            if value is None:
+                continue  # older AutoencoderKLWan configs omit the strides: Wan's 8 and 4 hold
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MMAgentError(
+                    f"vae/config.json: {key} is {value!r}, not a positive integer",
+                    file=str(vae_path),
+                    field=key,
+                    fix="re-download the checkpoint's vae/ folder (Wan's VAE has scale_factor_spatial 8 and "
+                    "scale_factor_temporal 4)",
+                )
+            setattr(out, attr, value)
     tok_path = weights_dir / "tokenizer" / "tokenizer_config.json"
-    if tok_path.is_file():
+    if _present(tok_path):
         length = _read_json(tok_path, root).get("model_max_length")
         if isinstance(length, int) and 0 < length <= _MAX_SANE_TEXT_LEN:
             out.text_len = length

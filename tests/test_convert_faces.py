@@ -252,12 +252,13 @@ async def test_mcp_dry_run_then_run_then_status(ws: Path, hf: Path) -> None:
     async with Client(build_server(ws), raise_exceptions=True) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         ann = tools["convert_weights"].annotations
-        assert ann is not None and (ann.read_only_hint, ann.destructive_hint, ann.idempotent_hint) == (
+        # hints left out take MCP's defaults (read-only false)
+        assert ann is not None and (bool(ann.read_only_hint), ann.destructive_hint, ann.idempotent_hint) == (
             False,
             False,
             True,
         )
-        dry = await client.call_tool("convert_weights", {"req": req})
+        dry = await client.call_tool("convert_weights", req)
         assert not dry.is_error and dry.structured_content is not None
         assert dry.structured_content["status"] == "dry_run"
         assert dry.structured_content["plan"]["mm_convert_argv"][:3] == [
@@ -273,7 +274,7 @@ async def test_mcp_dry_run_then_run_then_status(ws: Path, hf: Path) -> None:
             seen.append((progress, total, message))
 
         started = await client.call_tool(
-            "convert_weights", {"req": {**req, "confirm": True}}, progress_callback=on_progress
+            "convert_weights", {**req, "confirm": True}, progress_callback=on_progress
         )
         assert started.structured_content is not None
         run_id = started.structured_content["run_id"]
@@ -281,7 +282,7 @@ async def test_mcp_dry_run_then_run_then_status(ws: Path, hf: Path) -> None:
         assert seen and run_id in (seen[0][2] or "")
         end = time.monotonic() + DEADLINE_S
         while True:
-            status = await client.call_tool("job_status", {"req": {"run_id": run_id}})
+            status = await client.call_tool("job_status", {"run_id": run_id, "detail": True})
             assert not status.is_error and status.structured_content is not None
             if status.structured_content["state"] != "running" or time.monotonic() > end:
                 break
@@ -305,12 +306,12 @@ async def test_mcp_paths_outside_workspace_refused(ws: Path, tmp_path: Path) -> 
             {"target": "escape/mm", "confirm": True},
             {"method": "mm_to_hf", "source": "hf", "hf_dir": "/etc"},
         ):
-            r = await client.call_tool("convert_weights", {"req": {**base, **change}})
+            r = await client.call_tool("convert_weights", {**base, **change})
             assert r.is_error, change
             assert "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
-        r = await client.call_tool("job_status", {"req": {"run_id": "../x"}})
+        r = await client.call_tool("job_status", {"run_id": "../x"})
         assert r.is_error
-        r = await client.call_tool("job_status", {"req": {"run_id": "convert-nope"}})
+        r = await client.call_tool("job_status", {"run_id": "convert-nope"})
         assert r.is_error and "no run" in r.content[0].text  # type: ignore[union-attr]
     assert not any(outside.iterdir())
 

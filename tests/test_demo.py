@@ -228,7 +228,7 @@ async def test_mcp_job_tools_stop_and_resume_a_real_training(
     async def until(client: Client, run_id: str, done: Any) -> dict[str, Any]:
         end = time.monotonic() + 300
         while True:
-            r = await client.call_tool("job_status", {"req": {"run_id": run_id, "log_lines": 0}})
+            r = await client.call_tool("job_status", {"run_id": run_id, "log_lines": 0, "detail": True})
             body = r.structured_content
             assert body is not None and time.monotonic() < end, body
             if done(body):
@@ -237,22 +237,22 @@ async def test_mcp_job_tools_stop_and_resume_a_real_training(
 
     async with Client(build_server(run), raise_exceptions=True) as client:
         monkeypatch.setenv("MM_AGENT_TRAIN_TEST_DELAY", "0.4")  # slow enough to stop mid-run
-        first = await client.call_tool("launch_training", {"req": {"job_dir": "job2", "confirm": True}})
+        first = await client.call_tool("launch_training", {"job_dir": "job2", "confirm": True})
         assert first.structured_content is not None and first.structured_content["status"] == "started"
         run_id = first.structured_content["run_id"]
         body = await until(client, run_id, lambda b: (b["iteration"] or 0) >= 12 or b["state"] != "running")
         assert body["state"] == "running" and body["total"] == 30 and body["last_loss"] is not None
-        stopped = await client.call_tool("stop_job", {"req": {"run_id": run_id, "confirm": True}})
+        stopped = await client.call_tool("stop_job", {"run_id": run_id, "confirm": True})
         assert stopped.structured_content is not None and stopped.structured_content["state"] == "stopped"
         assert int((run / "resume-ckpt" / "latest_checkpointed_iteration.txt").read_text()) >= 10
 
         monkeypatch.delenv("MM_AGENT_TRAIN_TEST_DELAY")
-        again = await client.call_tool("launch_training", {"req": {"job_dir": "job2", "confirm": True}})
+        again = await client.call_tool("launch_training", {"job_dir": "job2", "confirm": True})
         assert again.structured_content is not None
         second = again.structured_content["run_id"]
         final = await until(client, second, lambda b: b["state"] != "running")
         assert final["state"] == "succeeded" and final["iteration"] == 30, final
-        log = await client.call_tool("tail_logs", {"req": {"run_id": second, "lines": 500}})
+        log = await client.call_tool("tail_logs", {"run_id": second, "lines": 500})
         assert log.structured_content is not None
         assert any("resuming from" in line for line in log.structured_content["lines"])
     rows = [json.loads(line) for line in (run / "resume-ckpt" / "losses.jsonl").read_text().splitlines()]

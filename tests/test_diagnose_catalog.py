@@ -123,7 +123,8 @@ def test_no_match_examples_do_not_match(rule_id: str) -> None:
 
 @pytest.mark.parametrize("rule_id", IDS)
 def test_title_and_fix_placeholders_come_from_the_match(rule_id: str) -> None:
-    """Every {name} in the title and fixes is a group that took part in each example's match."""
+    """Every {name} in the title and fixes is a group that took part in each example's match, or one the
+    rule requires from its detail lines (a hit without it never counts)."""
     entry = _entry(rule_id)
     texts = [entry.sig.title] + [t for f in entry.sig.fixes for t in (f.text, f.command or "")]
     names = set().union(*(_placeholders(t) for t in texts))
@@ -131,6 +132,7 @@ def test_title_and_fix_placeholders_come_from_the_match(rule_id: str) -> None:
         m = entry.match(line)
         assert m is not None
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        groups |= {name: "x" for name in entry.sig.requires}
         assert names <= groups.keys(), f"{sorted(names - groups.keys())} not captured from {line!r}"
         for text in texts:
             text.format(**groups)

@@ -80,7 +80,7 @@ async def test_mcp_paths_text_and_confinement(tmp_path: Path) -> None:
     (ws / "logs/plog/plog-1_2026.log").write_text(f"[2025-12-31 23:59:59] [rank1]: {BUS}\n")
     (tmp_path / "secret.log").write_text(BUS + "\n")
     async with Client(build_server(ws), raise_exceptions=True) as client:
-        r = await client.call_tool("diagnose_errors", {"req": {"paths": ["logs"]}})
+        r = await client.call_tool("diagnose_errors", {"paths": ["logs"]})
         assert not r.is_error
         report = r.structured_content
         assert report["category"] == "shm_bus_error"  # type: ignore[index]
@@ -88,19 +88,19 @@ async def test_mcp_paths_text_and_confinement(tmp_path: Path) -> None:
         assert report["files"] == ["logs/rank_1.log", "logs/plog/plog-1_2026.log"]  # type: ignore[index]
 
         big = HEALTHY * 20000 + EXITED + "\n"
-        r = await client.call_tool("diagnose_errors", {"req": {"text": big}})
+        r = await client.call_tool("diagnose_errors", {"text": big})
         report = r.structured_content
         assert report["root_cause"]["rule_id"] == "dataloader_worker_exited"  # type: ignore[index]
         assert report["root_cause"]["evidence"][0]["line"] == 20001  # type: ignore[index]
 
         for bad in ("../secret.log", str(tmp_path / "secret.log"), "-"):
-            r = await client.call_tool("diagnose_errors", {"req": {"paths": [bad]}})
+            r = await client.call_tool("diagnose_errors", {"paths": [bad]})
             assert r.is_error, bad
         text = r.content[0].text  # type: ignore[union-attr]
         assert "-: no such file or directory" in text  # stdin is CLI-only
-        r = await client.call_tool("diagnose_errors", {"req": {"paths": ["../secret.log"]}})
+        r = await client.call_tool("diagnose_errors", {"paths": ["../secret.log"]})
         assert "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
-        r = await client.call_tool("diagnose_errors", {"req": {}})
+        r = await client.call_tool("diagnose_errors", {})
         assert r.is_error and "nothing to diagnose" in r.content[0].text  # type: ignore[union-attr]
 
 
@@ -120,10 +120,10 @@ async def test_diagnose_a_run_by_id_over_mcp_and_cli(tmp_path: Path, monkeypatch
     workspace = tmp_path / "ws"
     workspace.mkdir()
     async with Client(build_server(workspace), raise_exceptions=True) as client:
-        r = await client.call_tool("diagnose_errors", {"req": {"run_id": info.run_id}})
+        r = await client.call_tool("diagnose_errors", {"run_id": info.run_id})
         assert r.structured_content is not None
         assert r.structured_content["root_cause"]["rule_id"] == "hccl_host_port_in_use"
-        unknown = await client.call_tool("diagnose_errors", {"req": {"run_id": "train-nope"}})
+        unknown = await client.call_tool("diagnose_errors", {"run_id": "train-nope"})
         assert unknown.is_error and "no run 'train-nope'" in unknown.content[0].text  # type: ignore[union-attr]
     done = subprocess.run(
         [sys.executable, "-m", "mm_agent", "diagnose", "--run", info.run_id, "--json"],

@@ -534,18 +534,30 @@ async def test_mcp_check_environment_and_stop_process(
     own_pid, _ = listen(started, own=True)
     other_pid, _ = listen(started, own=False)
     async with Client(build_server(ws)) as client:
-        r = await client.call_tool("check_environment", {"req": {"checks": ["master_port", "mm_checkout"]}})
-        assert not r.is_error
-        report = DoctorReport.model_validate(r.structured_content)
-        assert [c.id for c in report.checks] == ["mm_checkout", "master_port"] and report.ok is False
+        schemas = {t.name: t.input_schema for t in (await client.list_tools()).tools}
 
-        r = await client.call_tool("check_environment", {"req": {"job": "/etc"}})
+        def args(tool: str, **fields: object) -> dict[str, object]:
+            """Flat arguments (with detail=true where the tool has it: the whole model), or wrapped in `req`
+            where the tool takes one request object."""
+            props = schemas[tool].get("properties", {})
+            if "req" in props:
+                return {"req": fields}
+            return {**fields, "detail": True} if "detail" in props else fields
+
+        r = await client.call_tool(
+            "check_environment", args("check_environment", checks=["master_port", "mm_checkout"])
+        )
+        assert not r.is_error and r.structured_content is not None
+        report = r.structured_content  # by id/status: the server's answer may leave other fields out
+        assert [c["id"] for c in report["checks"]] == ["mm_checkout", "master_port"] and report["ok"] is False
+
+        r = await client.call_tool("check_environment", args("check_environment", job="/etc"))
         assert r.is_error and "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
-        r = await client.call_tool("check_environment", {"req": {"python": "/usr/bin/python3"}})
+        r = await client.call_tool("check_environment", args("check_environment", python="/usr/bin/python3"))
         assert r.is_error and "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
 
-        r = await client.call_tool("stop_process", {"req": {"pid": own_pid}})
+        r = await client.call_tool("stop_process", args("stop_process", pid=own_pid))
         assert not r.is_error and r.structured_content["status"] == "dry_run"
-        r = await client.call_tool("stop_process", {"req": {"pid": other_pid, "confirm": True}})
+        r = await client.call_tool("stop_process", args("stop_process", pid=other_pid, confirm=True))
         assert r.is_error and "not started by mm-agent" in r.content[0].text  # type: ignore[union-attr]
     assert all(p.poll() is None for p in started), "neither a dry run nor a refusal signals anything"

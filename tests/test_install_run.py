@@ -243,7 +243,7 @@ async def test_mcp_dry_run_confinement_and_injection(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     async with Client(build_server(ws)) as client:
-        dry = await client.call_tool("install_deps", {"req": {"model": "wan2.1", "arch": "aarch64"}})
+        dry = await client.call_tool("install_deps", {"model": "wan2.1", "arch": "aarch64", "detail": True})
         assert not dry.is_error
         data = dry.structured_content
         assert data is not None and data["status"] == "dry_run" and data["run"] is None
@@ -263,9 +263,9 @@ async def test_mcp_dry_run_confinement_and_injection(tmp_path: Path) -> None:
             "flag as step": {"model": "wan2.1", "steps": ["--index-url"]},
         }
         for name, req in refused.items():
-            res = await client.call_tool("install_deps", {"req": req})
+            res = await client.call_tool("install_deps", req)
             assert res.is_error, name
-        outside = await client.call_tool("install_deps", {"req": {"model": "wan2.1", "mm_root": "../x"}})
+        outside = await client.call_tool("install_deps", {"model": "wan2.1", "mm_root": "../x"})
         assert "outside the workspace" in outside.content[0].text  # type: ignore[union-attr]
     assert _tree(ws) == set()
 
@@ -282,7 +282,7 @@ async def test_mcp_confirmed_run_reports_progress(tmp_path: Path, state_dir: Pat
     async with Client(build_server(ws)) as client:
         res = await client.call_tool(
             "install_deps",
-            {"req": {"model": "wan2.1", "steps": ["cann"], "confirm": True}},
+            {"model": "wan2.1", "steps": ["cann"], "confirm": True, "detail": True},
             progress_callback=progress,
         )
     assert not res.is_error

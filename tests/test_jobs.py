@@ -482,14 +482,14 @@ def test_mindspeed_mm_job_runs_its_rendered_script(ws: Path, monkeypatch: pytest
     (ws / "ckpt" / "latest_checkpointed_iteration.txt").write_text("release")
     (ws / "mm" / "sora_features").mkdir()
     (ws / "mm" / "sora_features" / "data.jsonl").write_text("")
-    with socket.socket() as held:  # the script fixes MASTER_PORT: a busy one is refused, not moved
+    with socket.socket() as held:  # one node, MASTER_PORT taken from the environment: a busy one is moved
         held.bind(("0.0.0.0", port))
         held.listen()
-        with pytest.raises(MMAgentError) as err:
-            start_stage(StageRequest(job_dir="mm", stage="train"))
-        assert err.value.field == "MASTER_PORT"
+        moved = start_stage(StageRequest(job_dir="mm", stage="train"))
+        assert moved.master_port not in (None, port) and moved.env["MASTER_PORT"] == str(moved.master_port)
     launch = start_stage(StageRequest(job_dir="mm", stage="train", confirm=True))
-    assert launch.runtime == "mindspeed-mm" and launch.master_port == port and "MASTER_PORT" not in launch.env
+    assert launch.runtime == "mindspeed-mm" and launch.master_port == port
+    assert launch.env["MASTER_PORT"] == str(port)
     assert launch.run_id is not None
     final = wait_job(launch.run_id, timeout_s=DEADLINE_S)
     assert final.state == "succeeded", final.log_tail
@@ -513,9 +513,9 @@ async def test_mcp_launch_status_tail_stop(ws: Path, tmp_path: Path) -> None:
     (ws / "escape").symlink_to(outside)
     async with Client(build_server(ws), raise_exceptions=True) as client:
         for bad in ("../outside", "/etc", "escape"):
-            r = await client.call_tool("launch_training", {"req": {"job_dir": bad}})
+            r = await client.call_tool("launch_training", {"job_dir": bad})
             assert r.is_error and "outside the workspace" in r.content[0].text, bad  # type: ignore[union-attr]
-        dry = await client.call_tool("launch_training", {"req": {"job_dir": "job"}})
+        dry = await client.call_tool("launch_training", {"job_dir": "job"})
         assert not dry.is_error and dry.structured_content is not None
         assert dry.structured_content["status"] == "dry_run" and not runs_dir().exists()
 
@@ -525,7 +525,7 @@ async def test_mcp_launch_status_tail_stop(ws: Path, tmp_path: Path) -> None:
             seen.append(message)
 
         started = await client.call_tool(
-            "launch_training", {"req": {"job_dir": "job", "confirm": True}}, progress_callback=on_progress
+            "launch_training", {"job_dir": "job", "confirm": True}, progress_callback=on_progress
         )
         assert started.structured_content is not None
         run_id = started.structured_content["run_id"]
@@ -533,7 +533,7 @@ async def test_mcp_launch_status_tail_stop(ws: Path, tmp_path: Path) -> None:
 
         end = time.monotonic() + DEADLINE_S
         while True:
-            status = await client.call_tool("job_status", {"req": {"run_id": run_id, "log_lines": 3}})
+            status = await client.call_tool("job_status", {"run_id": run_id, "log_lines": 3, "detail": True})
             body = status.structured_content
             assert body is not None and body["state"] == "running", body
             if (body["iteration"] or 0) >= 1:
@@ -542,22 +542,20 @@ async def test_mcp_launch_status_tail_stop(ws: Path, tmp_path: Path) -> None:
             await anyio.sleep(0.2)
         assert body["total"] == 200 and body["last_loss"] is not None and body["eta_s"] > 0
 
-        tail = await client.call_tool("tail_logs", {"req": {"run_id": run_id, "lines": 500}})
+        tail = await client.call_tool("tail_logs", {"run_id": run_id, "lines": 500})
         assert tail.structured_content is not None
         assert any(" iteration " in line for line in tail.structured_content["lines"])
-        too_many = await client.call_tool("tail_logs", {"req": {"run_id": run_id, "lines": 501}})
+        too_many = await client.call_tool("tail_logs", {"run_id": run_id, "lines": 501})
         assert too_many.is_error
 
-        dry_stop = await client.call_tool("stop_job", {"req": {"run_id": run_id}})
+        dry_stop = await client.call_tool("stop_job", {"run_id": run_id})
         assert dry_stop.structured_content is not None and dry_stop.structured_content["status"] == "dry_run"
-        stopped = await client.call_tool(
-            "stop_job", {"req": {"run_id": run_id, "confirm": True, "timeout_s": 5}}
-        )
+        stopped = await client.call_tool("stop_job", {"run_id": run_id, "confirm": True, "timeout_s": 5})
         assert stopped.structured_content is not None and stopped.structured_content["state"] == "stopped"
-        final = await client.call_tool("job_status", {"req": {"run_id": run_id}})
+        final = await client.call_tool("job_status", {"run_id": run_id})
         assert final.structured_content is not None and final.structured_content["state"] == "stopped"
 
-        missing = await client.call_tool("job_status", {"req": {"run_id": "train-nope"}})
+        missing = await client.call_tool("job_status", {"run_id": "train-nope"})
         assert missing.is_error and "no run" in missing.content[0].text  # type: ignore[union-attr]
 
 
@@ -571,11 +569,9 @@ async def test_mcp_stdio_dry_run(ws: Path) -> None:
         command=sys.executable, args=["-m", "mm_agent", "serve", "--workspace", str(ws)], env=env
     )
     async with Client(params) as client:
-        dry = await client.call_tool("launch_training", {"req": {"job_dir": "job", "nproc_per_node": 1}})
+        dry = await client.call_tool("launch_training", {"job_dir": "job", "nproc_per_node": 1})
         assert dry.structured_content is not None and dry.structured_content["status"] == "dry_run"
         assert dry.structured_content["env"]["NPUS_PER_NODE"] == "1"
-        bad = await client.call_tool(
-            "extract_features", {"req": {"job_dir": "job", "env": {"BASH_ENV": "/x"}}}
-        )
+        bad = await client.call_tool("extract_features", {"job_dir": "job", "env": {"BASH_ENV": "/x"}})
         assert bad.is_error and "may not be set" in bad.content[0].text  # type: ignore[union-attr]
     assert not runs_dir().exists()

@@ -8,7 +8,9 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client, StdioServerParameters
@@ -46,25 +48,57 @@ def workspace(tmp_path: Path) -> Path:
     return ws
 
 
+# MCP's defaults for hints a tool leaves out (the server sends only the ones that differ)
+HINT_DEFAULTS = {
+    "read_only_hint": False,
+    "destructive_hint": True,
+    "idempotent_hint": False,
+    "open_world_hint": True,
+}
+TOOLS_LIST_BUDGET = 20_000  # characters of compact JSON every client reads before the first call
+
+
+def _hints(tool: Any) -> dict[str, bool]:
+    ann = tool.annotations
+    assert ann is not None, tool.name
+    return {k: getattr(ann, k) if getattr(ann, k) is not None else v for k, v in HINT_DEFAULTS.items()}
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_tools_listed_with_schemas_and_annotations(workspace: Path, mode: str) -> None:
+async def test_tools_listed_flat_small_and_annotated(workspace: Path, mode: str) -> None:
     async with Client(build_server(workspace), mode=mode, raise_exceptions=True) as client:
-        tools = {t.name: t for t in (await client.list_tools()).tools}
+        listed = (await client.list_tools()).tools
+    tools = {t.name: t for t in listed}
     assert set(tools) == TOOLS
     for tool in tools.values():
-        ann = tool.annotations
-        assert ann is not None
-        assert None not in (
-            ann.read_only_hint,
-            ann.destructive_hint,
-            ann.idempotent_hint,
-            ann.open_world_hint,
-        ), tool.name
-        assert ann.open_world_hint is (tool.name == "install_deps"), tool.name  # only it downloads
-        assert tool.output_schema is not None, f"{tool.name} has no output schema"
-    assert tools["render_job"].annotations.read_only_hint is False  # type: ignore[union-attr]
-    assert tools["validate_configs"].annotations.read_only_hint is True  # type: ignore[union-attr]
+        hints = _hints(tool)
+        assert hints["open_world_hint"] is (tool.name == "install_deps"), tool.name  # only it downloads
+        assert tool.output_schema is None, f"{tool.name}: answers are shaped (answers.py), no output schema"
+        props = tool.input_schema["properties"]
+        assert "req" not in props and props, f"{tool.name} takes flat arguments"
+        assert not any("title" in v for v in props.values()), tool.name
+    assert _hints(tools["render_job"])["read_only_hint"] is False
+    assert _hints(tools["validate_configs"])["read_only_hint"] is True
+    assert _hints(tools["stop_job"])["destructive_hint"] is True
+    size = len(
+        json.dumps(
+            [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed],
+            separators=(",", ":"),
+        )
+    )
+    assert size <= TOOLS_LIST_BUDGET, f"tools/list is {size} characters (budget {TOOLS_LIST_BUDGET})"
+
+
+@pytest.mark.anyio
+async def test_unknown_and_old_style_arguments_are_refused_with_the_names(workspace: Path) -> None:
+    """A misspelt or nested (`req`) argument must not be dropped silently: the error names what the tool takes."""
+    async with Client(build_server(workspace)) as client:
+        for args in ({"text": "wan"}, {"req": {"request": "wan"}}):
+            r = await client.call_tool("route_model", args)
+            assert r.is_error
+            text = r.content[0].text  # type: ignore[union-attr]
+            assert "route_model has no argument" in text and "request" in text and "npus_per_node" in text
 
 
 @pytest.mark.anyio
@@ -72,28 +106,33 @@ async def test_tools_listed_with_schemas_and_annotations(workspace: Path, mode: 
 async def test_route_render_validate_flow(workspace: Path, mode: str) -> None:
     async with Client(build_server(workspace), mode=mode, raise_exceptions=True) as client:
         routed = await client.call_tool(
-            "route_model", {"req": {"text": "fine-tune Wan2.1 text-to-video on 8 NPUs"}}
+            "route_model", {"request": "fine-tune Wan2.1 text-to-video on 8 NPUs"}
         )
         assert not routed.is_error
         top = routed.structured_content["candidates"][0]  # type: ignore[index]
         assert (top["model_id"], top["task"], top["backend"]) == ("wan2.1", "t2v", "megatron")
 
         req = {"model": top["model_id"], "task": top["task"], "out_dir": "jobs/wan21"}
-        dry = await client.call_tool("render_job", {"req": req})
+        dry = await client.call_tool("render_job", req)
         assert not dry.is_error and dry.structured_content["status"] == "dry_run"  # type: ignore[index]
         assert not (workspace / "jobs").exists(), "a dry run must not write anything"
-        files = {f["path"]: f for f in dry.structured_content["files"]}  # type: ignore[index]
-        assert "pretrain.sh" in files and files["pretrain.sh"]["content"].startswith("#!/bin/bash")
+        brief = dry.structured_content
+        assert "pretrain.sh" in {f["path"] for f in brief["files"]}  # type: ignore[index]
+        assert brief["key_values"]["NPUS_PER_NODE"] == "8", brief  # type: ignore[index]
+        assert "confirm=true" in dry.content[0].text  # type: ignore[union-attr]
+        full = await client.call_tool("render_job", {**req, "detail": True})
+        files = {f["path"]: f for f in full.structured_content["files"]}  # type: ignore[index]
+        assert files["pretrain.sh"]["content"].startswith("#!/bin/bash")
 
-        written = await client.call_tool("render_job", {"req": {**req, "confirm": True}})
+        written = await client.call_tool("render_job", {**req, "confirm": True})
         assert written.structured_content["status"] == "written"  # type: ignore[index]
         assert (workspace / "jobs/wan21/pretrain.sh").is_file()
 
-        report = await client.call_tool("validate_configs", {"req": {"paths": ["jobs/wan21"]}})
+        report = await client.call_tool("validate_configs", {"paths": ["jobs/wan21"]})
         assert not report.is_error
         assert report.structured_content["ok"] is True, report.structured_content  # type: ignore[index]
 
-        models = await client.call_tool("list_models", {"req": {"family": "vlm"}})
+        models = await client.call_tool("list_models", {"family": "vlm", "detail": True})
         ids = {m["id"] for m in models.structured_content["models"]}  # type: ignore[index]
         assert "qwen2.5vl" in ids and "wan2.1" not in ids
 
@@ -106,11 +145,11 @@ async def test_paths_confined_to_workspace(workspace: Path, tmp_path: Path) -> N
     async with Client(build_server(workspace)) as client:
         for out_dir in ("../evil", "/etc/mm-agent-job", "escape/job"):
             r = await client.call_tool(
-                "render_job", {"req": {"model": "wan2.1", "task": "t2v", "out_dir": out_dir, "confirm": True}}
+                "render_job", {"model": "wan2.1", "task": "t2v", "out_dir": out_dir, "confirm": True}
             )
             assert r.is_error, out_dir
             assert "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
-        r = await client.call_tool("validate_configs", {"req": {"paths": ["/etc"]}})
+        r = await client.call_tool("validate_configs", {"paths": ["/etc"]})
         assert r.is_error and "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
     assert not any(outside.iterdir())
 
@@ -118,11 +157,11 @@ async def test_paths_confined_to_workspace(workspace: Path, tmp_path: Path) -> N
 @pytest.mark.anyio
 async def test_bad_input_is_a_useful_tool_error(workspace: Path) -> None:
     async with Client(build_server(workspace)) as client:
-        r = await client.call_tool("render_job", {"req": {"model": "wan2.3", "task": "t2v", "out_dir": "j"}})
+        r = await client.call_tool("render_job", {"model": "wan2.3", "task": "t2v", "out_dir": "j"})
         assert r.is_error
         text = r.content[0].text  # type: ignore[union-attr]
         assert "unknown model 'wan2.3'" in text and "fix:" in text and "wan2.1" in text
-        r = await client.call_tool("render_job", {"req": {"model": "wan2.1", "task": "sft", "out_dir": "j"}})
+        r = await client.call_tool("render_job", {"model": "wan2.1", "task": "sft", "out_dir": "j"})
         assert r.is_error and "has no task 'sft'" in r.content[0].text  # type: ignore[union-attr]
 
 
@@ -133,7 +172,7 @@ async def test_stdio_subprocess(workspace: Path) -> None:
     )
     async with Client(params) as client:
         assert {t.name for t in (await client.list_tools()).tools} == TOOLS
-        r = await client.call_tool("route_model", {"req": {"text": "把Qwen2.5-VL做多模态理解微调"}})
+        r = await client.call_tool("route_model", {"request": "把Qwen2.5-VL做多模态理解微调"})
         assert not r.is_error
         top = r.structured_content["candidates"][0]  # type: ignore[index]
         assert (top["model_id"], top["task"]) == ("qwen2.5vl", "sft")
@@ -165,22 +204,46 @@ def _inspector(workspace: Path, *method_args: str) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
+# One Inspector CLI call per tool, with flat `--tool-arg name=value` arguments as its users type them. A call
+# may end in a tool error (no such run, nothing to stop): what matters is that the arguments reached the tool.
+INSPECTOR_CALLS: dict[str, tuple[list[str], str]] = {
+    "list_models": (["family=vlm"], "qwen2.5vl"),
+    "route_model": (["request=fine-tune Wan2.1 on 2 nodes with 8 NPUs each"], "wan2.1"),
+    "render_job": (["model=wan2.1", "task=t2v", "out_dir=jobs/w"], "would write"),
+    "validate_configs": (['paths=["jobs"]'], "error(s)"),
+    "diagnose_errors": (["text=RuntimeError: Bus error (core dumped)"], "Root cause"),
+    "check_environment": (['checks=["shm"]'], "ok"),
+    "stop_process": (["pid=1"], "PID 1"),
+    "install_deps": (["model=wan2.1"], "install steps for wan2.1"),
+    "convert_weights": (["converter=WanConverter", "method=hf_to_mm", "source=w", "target=w-mm"], "source"),
+    "extract_features": (["job_dir=jobs/none"], "job directory not found"),
+    "launch_training": (["job_dir=jobs/none"], "job directory not found"),
+    "job_status": (["run_id=no-such-run"], "no-such-run"),
+    "tail_logs": (["run_id=no-such-run", "lines=5"], "no-such-run"),
+    "stop_job": (["run_id=no-such-run"], "no-such-run"),
+}
+
+
 @pytest.mark.slow
-def test_inspector_cli_lists_and_calls(workspace: Path) -> None:
+def test_inspector_cli_calls_every_tool_with_flat_arguments(workspace: Path) -> None:
+    assert set(INSPECTOR_CALLS) == TOOLS
     listed = _inspector(workspace, "--method", "tools/list")
     assert listed.returncode == 0, listed.stderr
-    names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
-    assert names == TOOLS
+    assert {t["name"] for t in json.loads(listed.stdout)["tools"]} == TOOLS
 
-    called = _inspector(
-        workspace,
-        "--method",
-        "tools/call",
-        "--tool-name",
-        "route_model",
-        "--tool-arg",
-        'req={"text": "fine-tune Wan2.1 text-to-video on 8 NPUs"}',
-    )
-    assert called.returncode == 0, called.stderr
-    payload = json.loads(called.stdout)
-    assert payload["structuredContent"]["candidates"][0]["model_id"] == "wan2.1"
+    def call(name: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        args = [a for arg in INSPECTOR_CALLS[name][0] for a in ("--tool-arg", arg)]
+        return name, _inspector(workspace, "--method", "tools/call", "--tool-name", name, *args)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(pool.map(call, sorted(TOOLS)))
+    for name, done in results.items():
+        assert done.returncode in (0, 5), f"{name}: {done.stderr}"  # 5 = the tool returned isError
+        payload = json.loads(done.stdout)
+        text = payload["content"][0]["text"]
+        assert "has no argument" not in text and "validation error" not in text, f"{name}: {text}"
+        assert INSPECTOR_CALLS[name][1] in text + json.dumps(payload.get("structuredContent")), (
+            f"{name}: {text}"
+        )
+    routed = json.loads(results["route_model"].stdout)["structuredContent"]["candidates"][0]
+    assert (routed["model_id"], routed["npus_per_node"], routed["nnodes"]) == ("wan2.1", 8, 2)

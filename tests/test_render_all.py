@@ -74,6 +74,11 @@ def test_renders_shellchecks_and_validates_clean(
             yaml.safe_load(path.read_text())
     report = validate_configs(ValidateRequest(paths=[str(out)]))
     errors = [f for f in report.findings if f.severity == "error"]
+    # A default layout on several nodes has no reachable master address yet (localhost): validation says
+    # so, and only that (next_steps puts the re-render with --master-addr first).
+    if any(step.startswith("NODE_RANK=1 ") for step in result.next_steps):
+        assert any(f.rule == "multinode.master_addr" for f in errors), "2 nodes on localhost: clean"
+        errors = [f for f in errors if f.rule != "multinode.master_addr"]
     assert not errors, "\n".join(f"{f.rule} {f.file} {f.field}: {f.message}" for f in errors)
 
 

@@ -422,7 +422,7 @@ def test_weights_outside_the_workspace_are_refused_unless_allowed(tmp_path: Path
     ws.mkdir()
     with pytest.raises(MMAgentError) as err:
         _render(ws / "job", root=ws, weights_dir=str(weights))
-    assert err.value.field == "weights_dir" and "--allow-root" in (err.value.fix or "")
+    assert err.value.field == "weights_dir" and "--allow-path" in (err.value.fix or "")
     with allowed_roots([weights]):
         _, files = _render(ws / "job", root=ws, weights_dir=str(weights), load_path="ckpt")
     assert json.loads(files["pretrain_model.json"])["predictor"]["hidden_size"] == 96  # 4 heads x 24

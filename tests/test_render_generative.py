@@ -200,7 +200,7 @@ def test_flux_accelerate_world_size(tmp_path: Path) -> None:
     sh = files["finetune.sh"]
     assert "MBS=16" in sh and "GRAD_ACC_STEP=4" in sh and "--checkpointing_steps 50000" in sh
     assert 'accelerate launch --config_file "$JOB_DIR/accelerate_config.yaml"' in sh
-    assert "NPUS_PER_NODE=4" in sh and "NNODES=2" in sh and '--num_processes "$WORLD_SIZE"' in sh
+    assert "NPUS_PER_NODE=4" in sh and 'NNODES="${NNODES:-2}"' in sh and '--num_processes "$WORLD_SIZE"' in sh
     assert '--output_dir "$SAVE_PATH"' in sh and '--train_batch_size "$MBS"' in sh
 
 
@@ -426,7 +426,9 @@ def test_sora_family_jobs_use_their_own_stock_configs(tmp_path: Path) -> None:
     assert 'MM_MODEL="$JOB_DIR/pretrain_model.json"' in hy["pretrain.sh"]
     hy_model = json.loads(hy["pretrain_model.json"])  # the stock i2v model config, with the user's weights
     assert hy_model["task"] == "i2v" and hy_model["diffusion"]["model_id"] == "hunyuanvideo_i2v_diffusion"
-    assert hy_model["text_encoder"][0]["from_pretrained"].endswith("/tencent/HunyuanVideo/text_encoder_i2v")
+    assert hy_model["text_encoder"][0]["from_pretrained"].endswith(
+        "/tencent/HunyuanVideo-I2V/text_encoder_i2v"
+    )
     fe_model = json.loads(hy["feature_extract/model_t2v.json"])
     assert fe_model["ae"]["model_id"] == "autoencoder_kl_hunyuanvideo"
     assert [t["model_id"] for t in fe_model["text_encoder"]] == ["HunyuanMLLmModel", "CLIP"]

@@ -22,7 +22,7 @@ def route(
     mm_version: str | None = None,
     npus: int | None = None,
 ) -> RouteResult:
-    return route_model(RouteRequest(text=text, model=model, task=task, mm_version=mm_version, npus=npus))
+    return route_model(RouteRequest(request=text, model=model, task=task, mm_version=mm_version, npus=npus))
 
 
 def stage(result: RouteResult, name: str) -> PipelineStage:
@@ -156,10 +156,13 @@ def test_hints_override_text() -> None:
     assert r.parsed.npus == 16
 
 
-def test_task_hint_the_model_lacks_is_explained() -> None:
-    top = route(model="wan2.1", task="grpo").candidates[0]
-    assert top.model_id == "wan2.1" and top.task == "t2v"
-    assert "no grpo task" in top.explanation and "dpo" in top.explanation
+def test_task_hint_the_model_lacks_is_a_statement_not_a_route() -> None:
+    r = route(model="wan2.1", task="grpo")
+    assert r.candidates == [] and r.question is not None
+    assert "Wan2.1 has no grpo task" in r.question and "dpo" in r.question
+    assert r.choices[0].model_id == "wan2.1" and "t2v" in r.choices[0].tasks
+    having = {e.id for e in get_registry().models.values() if any(t.id == "grpo" for t in e.tasks)}
+    assert {c.model_id for c in r.choices[1:]} <= having and all(c.tasks == ["grpo"] for c in r.choices[1:])
 
 
 def test_named_model_without_task_takes_first_task() -> None:

@@ -152,9 +152,16 @@ class Walk:
     agree: set[str] = field(default_factory=set)  # confirm steps the user agrees to (others stay dry runs)
     state: dict[str, Any] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool -> its input properties
+
+    async def _properties(self, tool: str) -> dict[str, Any]:
+        listed = {t.name: t for t in (await self.client.list_tools()).tools}
+        return dict(listed[tool].input_schema.get("properties", {}))
 
     async def call(self, tool: str, req: dict[str, Any]) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, {"req": req})
+        # the whole result (detail) where a tool shapes its answer: the walk checks what every field says
+        shaped = "detail" in self.schemas.setdefault(tool, await self._properties(tool))
+        result = await self.client.call_tool(tool, {**req, "detail": True} if shaped else req)
         assert not result.is_error, f"{tool}({req}): {result.content}"
         assert result.structured_content is not None
         return result.structured_content
@@ -199,7 +206,9 @@ async def check_environment(walk: Walk, step: WorkflowStep) -> str:
 
 
 async def route_model(walk: Walk, step: WorkflowStep) -> str:
-    result = await walk.call(step.tool, {"text": walk.inputs["request"], "runtime": walk.inputs["runtime"]})
+    result = await walk.call(
+        step.tool, {"request": walk.inputs["request"], "runtime": walk.inputs["runtime"]}
+    )
     assert result["question"] is None and result["candidates"], result["question"]
     top = result["candidates"][0]
     assert top["available_in_version"], top["explanation"]
@@ -311,7 +320,7 @@ async def _stage(walk: Walk, step: WorkflowStep) -> str:
     if fix_env:
         req["env"] = {**req.get("env", {}), **fix_env}
     if not walk.state.get("converted", True):  # the user did not confirm the conversion
-        dry = await walk.client.call_tool(step.tool, {"req": req})
+        dry = await walk.client.call_tool(step.tool, req)
         refusal = str(dry.content[0].text) if dry.is_error else ""  # type: ignore[union-attr]
         assert "LOAD_PATH" in refusal and "mm-agent convert" in refusal, "no training from random weights"
         return "refused: no converted checkpoint yet (the fix is the convert step)"

@@ -159,11 +159,17 @@ def _mounts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fstype: str, mount:
     monkeypatch.setattr(rules_vlm, "MOUNTS", table)
 
 
+def _two_nodes(job: Path) -> None:
+    """The fixture on 2 nodes, with a master address the other node can reach (multinode.master_addr)."""
+    sub(job / SCRIPT, r"^NNODES=1$", "NNODES=2")
+    sub(job / SCRIPT, r"^MASTER_ADDR=localhost$", "MASTER_ADDR=10.0.0.1")
+
+
 def test_cache_dir_on_shared_mount_multi_node(
     job: Path, mm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _mounts(tmp_path, monkeypatch, "nfs4", mm)
-    found = new_findings(job, lambda: sub(job / SCRIPT, r"^NNODES=1$", "NNODES=2"), mm_root=mm)
+    found = new_findings(job, lambda: _two_nodes(job), mm_root=mm)
     f = assert_one(
         found,
         "vlm.cache_dir_shared",
@@ -180,7 +186,7 @@ def test_cache_dir_local_or_single_node(
     _mounts(tmp_path, monkeypatch, "nfs4", mm)
     assert not [f for f in run(job, mm_root=mm).findings if f.rule == "vlm.cache_dir_shared"]
     _mounts(tmp_path, monkeypatch, "xfs", mm)
-    assert not new_findings(job, lambda: sub(job / SCRIPT, r"^NNODES=1$", "NNODES=2"), mm_root=mm)
+    assert not new_findings(job, lambda: _two_nodes(job), mm_root=mm)
 
 
 # ---- Qwen3-VL transformers YAML (pretrain_transformers.py <yaml>) ----------------------------------------

@@ -111,15 +111,31 @@ def run(args: argparse.Namespace) -> int:
     if not listing.jobs:
         out.print(f"no runs in {listing.runs_dir}", markup=False)
         return 0
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"runs ({listing.runs_dir})")
-    for col in ("run id", "kind", "state", "started", "progress"):
-        table.add_column(col)
+    # A run id is what the user copies into the next command: never cut, wrapped or ellipsised. The
+    # columns but progress never wrap; a terminal too narrow for them whole (and progress's longest word)
+    # gets one block per run instead.
+    rows = [(s.run_id, s.kind, s.state, s.started, progress_text(s)) for s in listing.jobs]
+    heads = ("run id", "kind", "state", "started", "progress")
+    widths = [max(cell_len(h), *(cell_len(r[i]) for r in rows)) for i, h in enumerate(heads[:4])]
+    words = [cell_len(w) for r in rows for w in r[4].split()]
+    widths.append(max(cell_len(heads[4]), *words, 1))
+    if sum(widths) + 3 * len(widths) + 1 <= out.width:  # each column: a border and 1 space either side
+        table = Table(title=f"runs ({listing.runs_dir})", title_justify="left")
+        for col in heads[:4]:
+            table.add_column(col, no_wrap=True)
+        table.add_column(heads[4], overflow="fold")
+        for run_id, kind, state, started, progress in rows:
+            table.add_row(run_id, kind, Text(state, style=COLOURS[state]), started, Text(progress))
+        out.print(table)
+        return 0
+    out.print(f"runs ({listing.runs_dir})", markup=False)
     for s in listing.jobs:
-        table.add_row(
-            s.run_id, s.kind, Text(s.state, style=COLOURS[s.state]), s.started, Text(progress_text(s))
-        )
-    out.print(table)
+        out.print(s.run_id, markup=False, overflow="ignore", crop=False)
+        out.print(f"  {s.kind}, [{COLOURS[s.state]}]{s.state}[/], started {s.started}")
+        if progress := progress_text(s):
+            out.print(f"  {progress}", markup=False)
     return 0

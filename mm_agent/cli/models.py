@@ -14,10 +14,16 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "models", help="list MindSpeed-MM models", epilog="example: mm-agent models --family vlm"
     )
-    p.add_argument("--family", choices=["vlm", "generative", "omni", "audio", "post-training"])
+    p.add_argument(
+        "--family",
+        choices=["vlm", "generative", "omni", "audio", "post-training"],
+        help="only models of this family",
+    )
     p.add_argument("--task", help="only models with this task (t2v, i2v, sft, dpo, grpo, ...)")
     p.add_argument(
-        "--backend", choices=["megatron", "megatron+fsdp2", "fsdp2-native", "accelerate+deepspeed", "custom"]
+        "--backend",
+        choices=["megatron", "megatron+fsdp2", "fsdp2-native", "accelerate+deepspeed", "custom"],
+        help="only models with a task on this training backend",
     )
     p.add_argument("--mm-version", help="MindSpeed-MM version to check availability against")
     p.add_argument("--available-only", action="store_true", help="hide models absent from --mm-version")

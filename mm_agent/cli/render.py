@@ -21,6 +21,23 @@ from mm_agent.render import RenderRequest, load_job_spec, render_job, spec_error
 from .output import add_json_flag, console, print_json
 
 _POSITIONAL = {"model"}
+# Help for the JobSpec fields whose schema carries no description (kept short there: the MCP tool list is
+# read by an assistant on every session, the CLI help only by whoever asks for it).
+_HELP = {
+    "npus_per_node": "NPUs on each node; the job uses npus-per-node x nnodes (default: the size's stock value)",
+    "nnodes": "number of nodes (default: the size's stock value, usually 1)",
+    "node_rank": "this node's rank, 0 .. nnodes-1 (default 0)",
+    "master_addr": "address of the rank-0 node (default localhost; a multi-node job needs a real address)",
+    "master_port": "port of the rank-0 node's rendezvous (default 6000)",
+    "tp": "tensor-parallel size (default: the size's stock value)",
+    "pp": "pipeline-parallel size (default: the size's stock value)",
+    "vpp": "virtual pipeline stages per PP rank (default: the size's stock value)",
+    "cp": "context-parallel size (default: the size's stock value)",
+    "mbs": "micro batch size per rank (default: the size's stock value)",
+    "gbs": "global batch size, a multiple of mbs x data-parallel size (default: mbs x DP x grad-acc)",
+    "grad_acc": "gradient-accumulation steps, used when --gbs is not given (default: the stock value)",
+    "recompute": "activation recomputation (default on; --no-recompute trades memory for speed)",
+}
 
 
 def _flag(name: str) -> str:
@@ -63,7 +80,7 @@ def add_parser(sub: Any) -> None:
     for name, field in JobSpec.model_fields.items():
         if name in _POSITIONAL:
             continue
-        help_text = field.description or ""
+        help_text = field.description or _HELP.get(name, "")
         if field.annotation is bool:
             p.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
             continue

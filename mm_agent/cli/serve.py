@@ -20,11 +20,14 @@ def add_parser(sub: Any) -> None:
         help="root every tool path is confined to (default: $MM_AGENT_WORKSPACE or the current directory)",
     )
     p.add_argument(
+        "--allow-path",
         "--allow-root",
+        dest="allow_path",
         action="append",
         default=[],
         metavar="DIR",
-        help="a directory outside the workspace that tool paths may also name (weights, datasets); repeatable",
+        help="a directory outside the workspace that tool paths may also name, for data and weights mounted "
+        "elsewhere; repeatable (--allow-root is the older name)",
     )
     p.add_argument(
         "--tool-timeout",
@@ -33,9 +36,14 @@ def add_parser(sub: Any) -> None:
         metavar="S",
         help="seconds a tool call may take before it is answered with an error (default 300)",
     )
-    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument(
+        "--transport",
+        choices=["stdio", "http"],
+        default="stdio",
+        help="stdio (default, for MCP hosts that start the server) or http (streamable HTTP on --host:--port)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback only)")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
     p.set_defaults(func=run)
 
 
@@ -48,11 +56,13 @@ def run(args: argparse.Namespace) -> int:
         raise MMAgentError(
             f"workspace {workspace} is not a directory", field="--workspace", fix="create it first"
         )
-    allowed = [Path(a).expanduser() for a in args.allow_root]
+    allowed = [Path(a).expanduser() for a in args.allow_path]
     for extra in allowed:
         if not extra.is_dir():
             raise MMAgentError(
-                f"allowed root {extra} is not a directory", field="--allow-root", fix="create it first"
+                f"allowed path {extra} is not a directory",
+                field="--allow-path",
+                fix="create it (or mount it) first, or pass the directory that holds the data",
             )
     timeout = TOOL_TIMEOUT_S if args.tool_timeout is None else args.tool_timeout
     if not timeout > 0:

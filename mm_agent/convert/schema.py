@@ -33,13 +33,12 @@ class ConvertRequest(_Model):
     source: PathText = Field(description="HF dir (hf_to_mm), MM checkpoint dir (mm_to_hf, resplit)")
     target: PathText = Field(description="output dir; may equal source for the Wan in-place form")
     hf_dir: PathText | None = Field(
-        default=None, description="original HF dir (mm_to_hf: config.json / index files are taken from it)"
+        default=None, description="mm_to_hf: original HF dir (config.json, index files)"
     )
     tp: int = Field(default=1, ge=1, le=1024, description="tensor-parallel size of the MM layout")
     pp_layers: StageLayers | VppLayers | None = Field(
         default=None,
-        description="layers per PP stage ([7,8,8,7]); nested lists mean VPP ([[3,4,4,4],[3,4,4,4]]); "
-        "for VLMs the LLM layers per stage",
+        description="layers per PP stage, e.g. [7,8,8,7]; nested = VPP; VLM: LLM layers",
     )
     vit_pp_layers: StageLayers | VppLayers | None = Field(
         default=None, description="VLM: ViT layers per PP stage (ViT layers come first)"
@@ -51,11 +50,10 @@ class ConvertRequest(_Model):
         default=None,
         max_length=32,
         pattern=r"^[A-Za-z0-9._-]{1,32}$",
-        description="mm-convert init arg `--version` of converters that take one (CogVideoConverter t2v/i2v, "
-        "OpenSoraPlanConverter v1.3/v1.5); default: the registry's",
+        description="mm-convert `--version` (CogVideoConverter t2v/i2v, OpenSoraPlanConverter v1.3/v1.5)",
     )
     verify: bool = Field(default=False, description="compare source and converted weights numerically")
-    confirm: bool = Field(default=False, description="False: dry run (plan only); True: convert")
+    confirm: bool = Field(default=False, description="convert (false: dry run, the plan)")
 
     @model_validator(mode="after")
     def _vit_only_for_lists(self) -> ConvertRequest:

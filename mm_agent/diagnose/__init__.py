@@ -40,7 +40,7 @@ class DiagnoseRequest(BaseModel):
     paths: list[PathText] = Field(
         default_factory=list,
         max_length=MAX_PATHS,
-        description="log files and/or directories (walked recursively, .gz read too); on the CLI `-` is stdin",
+        description="log files or folders (recursive, .gz too); CLI: `-` is stdin",
     )
     text: str | None = Field(
         default=None,
@@ -50,7 +50,7 @@ class DiagnoseRequest(BaseModel):
     run_id: Name | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
-        description="a run mm-agent started (job_status / mm-agent jobs): its log in mm-agent's state dir",
+        description="a run mm-agent started: its log",
     )
     max_evidence: int = Field(default=5, ge=1, le=100, description="evidence lines kept per finding")
 

@@ -28,6 +28,15 @@ class CompiledSignature:
     sig: Signature
     triggers: tuple[re.Pattern[str], ...]
     patterns: tuple[re.Pattern[str], ...]
+    details: tuple[re.Pattern[str], ...] = ()
+
+    def detail(self, line: str) -> dict[str, str] | None:
+        """The groups of the first detail pattern that matches `line` (a line right after a hit)."""
+        for pattern in self.details:
+            m = pattern.search(line)
+            if m:
+                return {k: v for k, v in m.groupdict().items() if v is not None}
+        return None
 
     def match(self, line: str) -> re.Match[str] | None:
         """The first pattern match, if a trigger fires first (the same two steps the scanner takes)."""
@@ -68,6 +77,28 @@ def _check_re2(path: Path, rule: str, index: int, source: str) -> None:
         ) from exc
 
 
+def _check_groups(path: Path, sig: Signature) -> None:
+    """`requires` names groups of the details or patterns; `claims` a group of this rule's own patterns."""
+    named = set().union(*(re.findall(r"\(\?P<(\w+)>", s) for s in [*sig.patterns, *sig.details]))
+    for i, group in enumerate(sig.requires):
+        if group not in named:
+            raise MMAgentError(
+                f"rule {sig.id}: requires group {group!r}, which no pattern or detail captures",
+                file=str(path),
+                field=f"requires.{i}",
+                fix="name a (?P<name>...) group of the patterns or details, or drop the entry",
+            )
+    own = set().union(*(re.findall(r"\(\?P<(\w+)>", s) for s in sig.patterns))
+    for i, claim in enumerate(sig.claims):
+        if claim.group not in own:
+            raise MMAgentError(
+                f"rule {sig.id}: claims lines by group {claim.group!r}, which its patterns do not capture",
+                file=str(path),
+                field=f"claims.{i}.group",
+                fix="capture that group in a pattern of this rule (e.g. (?P<pid>\\d+))",
+            )
+
+
 def load_signature(path: Path) -> CompiledSignature:
     try:
         sig = Signature.model_validate(read_yaml(path))
@@ -82,10 +113,12 @@ def load_signature(path: Path) -> CompiledSignature:
         )
     for i, source in enumerate(sig.triggers):
         _check_re2(path, sig.id, i, source)
+    _check_groups(path, sig)
     return CompiledSignature(
         sig=sig,
         triggers=tuple(_compile(path, sig.id, f"triggers.{i}", s) for i, s in enumerate(sig.triggers)),
         patterns=tuple(_compile(path, sig.id, f"patterns.{i}", s) for i, s in enumerate(sig.patterns)),
+        details=tuple(_compile(path, sig.id, f"details.{i}", s) for i, s in enumerate(sig.details)),
     )
 
 
@@ -98,6 +131,14 @@ def load_catalog(directory: Path | None = None) -> tuple[CompiledSignature, ...]
     catalog = tuple(load_signature(p) for p in files)
     ids = {entry.sig.id for entry in catalog}
     for path, entry in zip(files, catalog, strict=True):
+        for i, claim in enumerate(entry.sig.claims):
+            if claim.rule not in ids:
+                raise MMAgentError(
+                    f"rule {entry.sig.id}: claims lines of {claim.rule!r}, which is not in the catalog",
+                    file=str(path),
+                    field=f"claims.{i}.rule",
+                    fix="name the id of a signature file in the same folder, or drop the entry",
+                )
         for i, other in enumerate(entry.sig.yields_to):
             if other not in ids:
                 raise MMAgentError(

@@ -6,7 +6,10 @@ is wrong); without one, the earliest secondary symptom, preferring one with a kn
 generic wrapper (`unknown`: ChildFailedError, ERR0xxxx) that says only that something failed. Warnings
 are listed but never the root cause, so a log with only warnings is healthy (`category: none`). A primary
 finding whose `yields_to` rules were also seen counts as their symptom: a bare SIGKILL is the cause only
-while the kernel's OOM-killer record is not among the inputs, whatever order the two were logged in.
+while the kernel's OOM-killer record is not among the inputs, whatever order the two were logged in; a
+`command not found` only while no CRLF line endings were seen. Lines a rule `claims` (the `exitcode: -9`
+of a PID torchrun itself SIGKILLed while tearing the workers down) were already counted as that rule's by
+the scanner, a warning that is never the root cause.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from mm_agent.diagnose.scan import RuleHits, ScanContext
 from mm_agent.diagnose.schema import DiagnosisReport, Finding, Fix
 
 _NAMED = re.compile(r"\{(\w+)\}")
-GROUP_CHARS = 200
+GROUP_CHARS = 500  # a whole `fix:` line of the bundled runtime (long paths) fits, as in evidence
 
 
 def fill(text: str, groups: dict[str, str]) -> str:
@@ -56,7 +59,8 @@ def to_finding(rule: RuleHits) -> Finding:
         ranks=sorted(rule.ranks),
         count=rule.count,
         first_seen=first.stamp.iso() if first.stamp else None,
-        evidence=[h.evidence for h in rule.hits],
+        # the first hit's detail lines (`file:`/`field:`/`fix:` after `error:`) right after it
+        evidence=[first.evidence, *first.details, *(h.evidence for h in rule.hits[1:])],
         cause=fill(sig.cause, groups),
         fixes=[
             Fix(

@@ -36,6 +36,7 @@ class Hit:
     stamp: Stamp | None
     evidence: Evidence
     groups: dict[str, str]
+    details: list[Evidence] = field(default_factory=list)  # the detail lines right after it (`fix: ...`)
 
 
 @dataclass
@@ -53,6 +54,17 @@ class RuleHits:
         del self.hits[keep:]
 
 
+@dataclass
+class _Open:
+    """A hit whose detail lines may still follow (`file:`/`field:`/`fix:` after `error:`)."""
+
+    entry: CompiledSignature
+    hit: Hit
+    rank: int | None
+    next_line: int
+    counted: bool
+
+
 def order_key(stamp: Stamp | None, file_index: int, line: int) -> tuple[int, datetime, int, int]:
     """Time order where the log says the time, file order otherwise (after every timed line)."""
     if stamp is None:
@@ -67,6 +79,8 @@ class ScanContext:
         self.prefilter = Prefilter(catalog)
         self.max_evidence = max_evidence
         self.rules: dict[str, RuleHits] = {}
+        # (claimed rule, group, value) -> the rule whose line named that value first (its symptom's owner)
+        self.claimed: dict[tuple[str, str, str], CompiledSignature] = {}
         self.progress = ProgressTracker()
         self.files: list[str] = []
         self.skipped: list[str] = []
@@ -98,6 +112,7 @@ class FileScan:
         self.last_stamp: Stamp | None = None
         self.taken: dict[str, int] = {}
         self.long_line_noted = False
+        self.open: _Open | None = None
 
     def feed(self, data: bytes) -> None:
         """Scan the whole lines in `data`; the partial last line waits for the next call (or `finish`)."""
@@ -131,6 +146,7 @@ class FileScan:
             self._block(self.carry, 0, len(self.carry))
             self.ctx.lines += 1  # the last line has no newline
             self.carry = b""
+        self.open = None
 
     def _long_line(self, line: int) -> None:
         if not self.long_line_noted:
@@ -181,8 +197,36 @@ class FileScan:
         if not candidates:
             return
         text = raw.decode("utf-8", "replace")
+        if self.open is not None and self._detail(self.open, text, line):
+            return
         for entry, m in match_line(text, candidates):
             self._record(entry, m, text, line, buf, line_start, raw)
+
+    def _detail(self, open_: _Open, text: str, line: int) -> bool:
+        """Whether `line` is a detail line of the open hit (then its groups join the hit's)."""
+        groups = open_.entry.detail(text) if line == open_.next_line else None
+        if groups is None:
+            self.open = None  # the lines right after the hit are over
+            return False
+        hit = open_.hit
+        hit.groups.update({k: v for k, v in groups.items() if k not in hit.groups})
+        if len(hit.details) < len(open_.entry.details):
+            hit.details.append(Evidence(file=self.name, line=line, text=text[:EVIDENCE_CHARS].strip()))
+        open_.next_line = line + 1
+        if not open_.counted and set(open_.entry.sig.requires) <= hit.groups.keys():
+            open_.counted = True
+            self._count(open_.entry, open_.rank, hit)
+        return True
+
+    def _count(self, entry: CompiledSignature, rank: int | None, hit: Hit | None) -> None:
+        rule = self.ctx.rules.get(entry.sig.id)
+        if rule is None:
+            rule = self.ctx.rules[entry.sig.id] = RuleHits(entry)
+        rule.count += 1
+        if rank is not None:
+            rule.ranks.add(rank)
+        if hit is not None:
+            rule.offer(hit, self.ctx.max_evidence)
 
     def _record(
         self,
@@ -194,23 +238,38 @@ class FileScan:
         line_start: int,
         raw: bytes,
     ) -> None:
+        groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        owner = next(
+            (
+                self.ctx.claimed[key]
+                for name, value in groups.items()
+                if (key := (entry.sig.id, name, value)) in self.ctx.claimed
+            ),
+            None,
+        )
+        if owner is not None:  # a symptom of an earlier line of another rule (the PID torchrun killed)
+            entry = owner
+        for claim in entry.sig.claims:
+            if claim.group in groups:
+                self.ctx.claimed.setdefault((claim.rule, claim.group, groups[claim.group]), entry)
         rule_id = entry.sig.id
-        rule = self.ctx.rules.get(rule_id)
-        if rule is None:
-            rule = self.ctx.rules[rule_id] = RuleHits(entry)
-        rule.count += 1
         rank = rank_of_line(text, self.path_rank)
-        if rank is not None:
-            rule.ranks.add(rank)
         taken = self.taken.get(rule_id, 0)
-        if taken >= self.ctx.max_evidence:
+        if taken >= self.ctx.max_evidence and not entry.sig.requires:
+            self._count(entry, rank, None)
             return
-        self.taken[rule_id] = taken + 1
         stamp = self._stamp(buf, line_start, raw)
         start = max(0, m.start() - EVIDENCE_CHARS // 3) if len(text) > EVIDENCE_CHARS else 0
         evidence = Evidence(file=self.name, line=line, text=text[start : start + EVIDENCE_CHARS].strip())
-        groups = {k: v for k, v in m.groupdict().items() if v is not None}
-        rule.offer(Hit(order_key(stamp, self.index, line), stamp, evidence, groups), self.ctx.max_evidence)
+        hit = Hit(order_key(stamp, self.index, line), stamp, evidence, groups)
+        counted = set(entry.sig.requires) <= groups.keys()
+        if counted:
+            keep = taken < self.ctx.max_evidence
+            if keep:
+                self.taken[rule_id] = taken + 1
+            self._count(entry, rank, hit if keep else None)
+        if entry.sig.details:
+            self.open = _Open(entry, hit, rank, line + 1, counted)
 
     def _stamp(self, buf: bytes, line_start: int, raw: bytes) -> Stamp | None:
         """The hit line's own timestamp, else the latest one shortly before it in this file; for a line

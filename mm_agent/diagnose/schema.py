@@ -124,6 +124,13 @@ class UpstreamSource(_Frozen):
         return value
 
 
+class Claim(_Frozen):
+    """Lines of another rule that name the same thing (a PID) as this rule's line are this rule's symptoms."""
+
+    rule: str = Field(description="id of the rule whose lines this one explains (e.g. killed_by_signal)")
+    group: str = Field(description="named regex group both rules capture (e.g. pid)")
+
+
 class Signature(_Frozen):
     id: str = Field(description="stable rule id = file stem, lower_snake_case")
     category: Category
@@ -141,6 +148,23 @@ class Signature(_Frozen):
         default_factory=list,
         description="rule ids that, when seen anywhere in the inputs, are the cause instead: this finding "
         "then counts as their symptom (a bare SIGKILL yields to the kernel's OOM-killer record)",
+    )
+    details: list[str] = Field(
+        default_factory=list,
+        description="Python regexes with named groups for the lines that directly follow a hit (in any order, "
+        "one per line) and add their groups to it: the `file:`/`field:`/`fix:` lines after an `error:` line. "
+        "A trigger must fire on those lines too",
+    )
+    requires: list[str] = Field(
+        default_factory=list,
+        description="named groups a hit must have, from its own line or its detail lines, to count at all "
+        "(an `error:` line counts only with the `fix:` line after it)",
+    )
+    claims: list[Claim] = Field(
+        default_factory=list,
+        description="rules whose lines, when they capture the same `group` value as a line of this rule seen "
+        "before them, count as this rule's instead (torchrun's teardown SIGKILL of PID N explains the "
+        "`exitcode: -9 (pid: N)` line after it)",
     )
     generic: bool = Field(
         default=False,

@@ -1,5 +1,6 @@
 """`check_environment` (CLI `mm-agent doctor`): everything on this machine that will break a MindSpeed-MM run,
-found before launch, each finding with its evidence and the fix.
+found before launch, each finding with its evidence and the fix. A job of the bundled runtime is checked for
+what that runtime uses instead (`checks_bundled.py`; the MindSpeed-MM-only checks are skipped).
 
 The checks live in `checks_*.py` (one module per group) and register themselves in `registry.CHECKS`
 when imported; `CHECK_MODULES` below imports them in report order.
@@ -25,6 +26,7 @@ __all__ = ["CHECKS", "CheckResult", "DoctorReport", "DoctorRequest", "check_envi
 # Importing a check module registers its checks; this order is the report's order.
 CHECK_MODULES = (
     "checks_python",
+    "checks_bundled",
     "checks_ascend",
     "checks_mm",
     "checks_resources",

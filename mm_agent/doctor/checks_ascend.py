@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.probes import InstallInfo, ascend_bases, cann_toolkit, driver_info, find_library
-from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
+from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
 
 _LEADING_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 _DEVICE_MOUNTS = "/dev/davinci*, /dev/davinci_manager, /dev/devmm_svm, /dev/hisi_hdc"
@@ -43,7 +43,7 @@ def nnal_set_env(ctx: Context) -> tuple[str, bool]:
     return named[0], False
 
 
-@check("cann_version", "CANN toolkit version matches the version matrix")
+@check("cann_version", "CANN toolkit version matches the version matrix", MM_ONLY)
 def cann_version(ctx: Context) -> Outcome:
     toolkit = cann_toolkit(ctx.env)
     want = ctx.version.cann
@@ -78,7 +78,7 @@ def cann_version(ctx: Context) -> Outcome:
     )
 
 
-@check("driver_version", "NPU driver installed")
+@check("driver_version", "NPU driver installed", MM_ONLY)
 def driver_version(ctx: Context) -> Outcome:
     drv = driver_info(ctx.env)
     if drv is None:
@@ -91,7 +91,7 @@ def driver_version(ctx: Context) -> Outcome:
     return ok(f"driver {drv.version or '(version unreadable)'}", [f"{drv.file}: Version={drv.version}"])
 
 
-@check("npu_devices", "NPUs visible to npu-smi and healthy")
+@check("npu_devices", "NPUs visible to npu-smi and healthy", MM_ONLY)
 def npu_devices(ctx: Context) -> Outcome:
     info = ctx.npu()
     if info is None:
@@ -153,7 +153,7 @@ def npu_devices(ctx: Context) -> Outcome:
     return ok(f"{count} NPU(s), all healthy (npu-smi {info.version})", evidence)
 
 
-@check("cann_env", "CANN environment sourced (ASCEND_HOME_PATH, libhccl.so)")
+@check("cann_env", "CANN environment sourced (ASCEND_HOME_PATH, libhccl.so)", MM_ONLY)
 def cann_env(ctx: Context) -> Outcome:
     toolkit = cann_toolkit(ctx.env)
     script = cann_set_env(ctx, toolkit)
@@ -191,7 +191,7 @@ def cann_env(ctx: Context) -> Outcome:
     return ok(f"sourced ({ctx.env[home_var]})", evidence)
 
 
-@check("nnal_env", "NNAL/ATB environment sourced (libatb.so)")
+@check("nnal_env", "NNAL/ATB environment sourced (libatb.so)", MM_ONLY)
 def nnal_env(ctx: Context) -> Outcome:
     atb = find_library("libatb.so", ctx.env)
     script, exists = nnal_set_env(ctx)

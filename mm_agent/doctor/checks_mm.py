@@ -12,7 +12,7 @@ from pathlib import Path
 from mm_agent.doctor.checks_python import probe_or_fail
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.gitinfo import editable_dir, git_head, unread
-from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
+from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
 from mm_agent.install.schema import Repos, load_install_knowledge
 from mm_agent.paths import read_file
 
@@ -44,7 +44,7 @@ def _mm_root_or_fail(ctx: Context) -> Path | Outcome:
     return root
 
 
-@check("mm_checkout", "MindSpeed-MM checkout found")
+@check("mm_checkout", "MindSpeed-MM checkout found", MM_ONLY)
 def mm_checkout(ctx: Context) -> Outcome:
     root = _mm_root_or_fail(ctx)
     if isinstance(root, Outcome):
@@ -87,7 +87,7 @@ def mm_checkout(ctx: Context) -> Outcome:
     return ok(f"{root}", evidence)
 
 
-@check("megatron_tree", "megatron/ copied into the checkout at the pinned core version")
+@check("megatron_tree", "megatron/ copied into the checkout at the pinned core version", MM_ONLY)
 def megatron_tree(ctx: Context) -> Outcome:
     root = _mm_root_or_fail(ctx)
     if isinstance(root, Outcome):
@@ -119,7 +119,7 @@ def megatron_tree(ctx: Context) -> Outcome:
     return ok(f"megatron core {have}", evidence)
 
 
-@check("mindspeed", "MindSpeed installed at the pinned commit")
+@check("mindspeed", "MindSpeed installed at the pinned commit", MM_ONLY)
 def mindspeed(ctx: Context) -> Outcome:
     env = probe_or_fail(ctx)
     if isinstance(env, Outcome):
@@ -182,7 +182,7 @@ def mindspeed(ctx: Context) -> Outcome:
     return ok(f"mindspeed {version}", evidence)
 
 
-@check("megatron_path", "PYTHONPATH and the Megatron tree agree")
+@check("megatron_path", "PYTHONPATH and the Megatron tree agree", MM_ONLY)
 def megatron_path(ctx: Context) -> Outcome:
     root = ctx.checkout()
     if root is None or not (root / "megatron").is_dir():
@@ -220,7 +220,7 @@ def megatron_path(ctx: Context) -> Outcome:
     return ok("no other megatron shadows the checkout's", evidence)
 
 
-@check("mm_convert", "mm-convert on PATH")
+@check("mm_convert", "mm-convert on PATH", MM_ONLY)
 def mm_convert(ctx: Context) -> Outcome:
     found = shutil.which("mm-convert", path=ctx.env.get("PATH"))
     if found:

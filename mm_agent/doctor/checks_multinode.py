@@ -1,5 +1,5 @@
 """Checks that only matter when the job spans several nodes: pdsh (MM's multi-node launch hangs silently
-without it) and the socket NIC variables naming a NIC that exists on this host.
+without it; the bundled runtime's scripts run on every node themselves) and the socket NIC variables naming a NIC that exists on this host.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 import psutil
 
 from mm_agent.doctor.context import Context
-from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
+from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
 
 IFNAME_VARS = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -26,7 +26,7 @@ def ifname_matches(value: str, nics: list[str]) -> list[str]:
     return [n for n in nics if hit(n) != exclude]
 
 
-@check("pdsh", "pdsh installed (multi-node)")
+@check("pdsh", "pdsh installed (multi-node)", MM_ONLY)
 def pdsh(ctx: Context) -> Outcome:
     if ctx.nnodes <= 1:
         return skip("single-node job")

@@ -104,6 +104,11 @@ def _hccl_ports(ctx: Context) -> tuple[list[int], str] | None:
 
 @check("hccl_ports", "HCCL host port range free")
 def hccl_ports(ctx: Context) -> Outcome:
+    if ctx.runtime == "bundled":
+        device = ctx.device_choice()[0]
+        if device in ("cpu", "cuda"):
+            backend = "gloo" if device == "cpu" else "nccl"
+            return skip(f"the bundled runtime on {device} communicates with {backend}, not HCCL")
     spec = _hccl_ports(ctx)
     if spec is None:
         return ok("HCCL_HOST_SOCKET_PORT_RANGE=auto: HCCL picks free ports itself")

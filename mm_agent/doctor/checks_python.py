@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.gitinfo import installed_commit
 from mm_agent.doctor.probes import EnvProbe, ProbeError, run_torch_npu_probe
-from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
+from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
 
 
 def probe_or_fail(ctx: Context) -> EnvProbe | Outcome:
@@ -50,7 +50,7 @@ def _pin(value: str) -> str:
     return value if value[:1] in "<>=!~" else f"=={value}"
 
 
-@check("python_version", "Python version matches the MindSpeed-MM version")
+@check("python_version", "Python version matches the MindSpeed-MM version", MM_ONLY)
 def python_version(ctx: Context) -> Outcome:
     env = probe_or_fail(ctx)
     if isinstance(env, Outcome):
@@ -71,7 +71,7 @@ def python_version(ctx: Context) -> Outcome:
     )
 
 
-@check("torch_version", "torch and torch_npu match the version matrix")
+@check("torch_version", "torch and torch_npu match the version matrix", MM_ONLY)
 def torch_version(ctx: Context) -> Outcome:
     env = probe_or_fail(ctx)
     if isinstance(env, Outcome):
@@ -124,7 +124,7 @@ def torch_version(ctx: Context) -> Outcome:
     return ok(f"torch {torch}, torch_npu {npu}", evidence)
 
 
-@check("torch_npu_import", "torch_npu imports and sees NPUs")
+@check("torch_npu_import", "torch_npu imports and sees NPUs", MM_ONLY)
 def torch_npu_import(ctx: Context) -> Outcome:
     env = probe_or_fail(ctx)
     if isinstance(env, Outcome):
@@ -181,7 +181,7 @@ def _effective_pins(ctx: Context) -> dict[str, tuple[str, str]]:
     return pins
 
 
-@check("base_deps", "MindSpeed-MM base pins installed")
+@check("base_deps", "MindSpeed-MM base pins installed", MM_ONLY)
 def base_deps(ctx: Context) -> Outcome:
     env = probe_or_fail(ctx)
     if isinstance(env, Outcome):
@@ -210,7 +210,7 @@ def base_deps(ctx: Context) -> Outcome:
     return ok("base pins satisfied", evidence)
 
 
-@check("model_deps", "Model dependency overlay installed (and its conflicts)")
+@check("model_deps", "Model dependency overlay installed (and its conflicts)", MM_ONLY)
 def model_deps(ctx: Context) -> Outcome:
     if ctx.model is None:
         return skip("no model given (--model or --job)")
@@ -279,20 +279,28 @@ def decord(ctx: Context) -> Outcome:
     if spec is not None:
         return ok(f"decord {dist or '(no metadata)'} at {spec.origin}")
     overlay = ctx.overlay()
-    needed = ctx.model is not None and (
-        ctx.model.family == "generative"
-        or any(p.startswith("decord") for p in (overlay.pip if overlay else []))
+    bundled = ctx.runtime == "bundled"  # runtime/video.py reads every clip with decord: no other reader
+    needed = bundled or (
+        ctx.model is not None
+        and (
+            ctx.model.family == "generative"
+            or any(p.startswith("decord") for p in (overlay.pip if overlay else []))
+        )
+    )
+    other_reader = (
+        "" if bundled else ', or set video_reader_type to "TorchvisionVideo"/"AvVideo" in data.json'
     )
     if env.machine in {"aarch64", "arm64"}:
         fix = (
             "no aarch64 wheel on PyPI: build it from source against FFmpeg 4.x (MindSpeed-MM "
-            'docker/common/install_decord_on_arm.sh), or set video_reader_type to "TorchvisionVideo"/"AvVideo" '
-            "in data.json"
+            f"docker/common/install_decord_on_arm.sh){other_reader}"
         )
     else:
-        fix = 'pip install decord==0.6.0 (or set video_reader_type to "TorchvisionVideo"/"AvVideo" in data.json)'
+        fix = f"pip install decord==0.6.0{other_reader}"
     evidence = [
-        'MM video datasets default to video_reader_type "DecordVideo"',
+        "the bundled runtime decodes clips with decord (runtime/video.py)"
+        if bundled
+        else 'MM video datasets default to video_reader_type "DecordVideo"',
         f"architecture: {env.machine}",
     ]
     if needed:

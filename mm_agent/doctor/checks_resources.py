@@ -18,6 +18,8 @@ from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
 GIB = 1024**3
 MIB = 1024**2
 BF16_BYTES = 2
+# The bundled runtime saves the full fp32 model and AdamW's two fp32 moments at every save (runtime/checkpoint.py).
+BUNDLED_SAVE_BYTES = 4 + 2 * 4
 # DataLoader workers hand batches to the trainer through /dev/shm; each keeps prefetch_factor=2 batches in
 # flight, and a video batch (latents + text embeddings, or decoded frames) is tens of MB: budget 64 MiB.
 SHM_PER_BATCH = 64 * MIB
@@ -100,7 +102,10 @@ def disk_space(ctx: Context) -> Outcome:
     if ctx.job is not None:
         if model:
             ckpt = model[0]
-            targets.append(("checkpoints (SAVE_PATH)", ctx.job_path("save_path"), ckpt, 3 * ckpt))
+            warn_below = 3 * ckpt
+            if ctx.runtime == "bundled":  # one save of the bundled runtime: weights + optimizer state
+                warn_below = max(warn_below, ckpt / BF16_BYTES * BUNDLED_SAVE_BYTES)
+            targets.append(("checkpoints (SAVE_PATH)", ctx.job_path("save_path"), ckpt, warn_below))
         else:
             targets.append(("checkpoints (SAVE_PATH)", ctx.job_path("save_path"), GIB, NO_MODEL_MIN_FREE))
         if ctx.job.uses_features:
@@ -111,9 +116,18 @@ def disk_space(ctx: Context) -> Outcome:
     by_fs: dict[int, list[tuple[str, Path, float, float]]] = {}
     for role, path, low, high in targets:
         by_fs.setdefault(os.stat(_existing(path)).st_dev, []).append((role, path, low, high))
-    evidence = (
-        [model[1] + "; each checkpoint save (weights only, --no-save-optim) is that size"] if model else []
-    )
+    if model and ctx.runtime == "bundled":
+        save = model[0] / BF16_BYTES * BUNDLED_SAVE_BYTES
+        evidence = [
+            f"{model[1]}; each save of the bundled runtime (fp32 weights + AdamW state, "
+            f"{BUNDLED_SAVE_BYTES} bytes per parameter) is ~{_gib(save)}, every --save-interval"
+        ]
+    else:
+        evidence = (
+            [model[1] + "; each checkpoint save (weights only, --no-save-optim) is that size"]
+            if model
+            else []
+        )
     worst = "ok"
     notes = []
     for group in by_fs.values():

@@ -5,6 +5,7 @@ shared probes computed once per run (thread-safe, because checks run concurrentl
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import threading
 import time
@@ -14,11 +15,12 @@ from typing import Any, TypeVar
 
 from mm_agent import procs
 from mm_agent.contained import Scope
+from mm_agent.doctor.bundled import requirement_names
 from mm_agent.doctor.interpreter import check_interpreter, interpreter_path
-from mm_agent.doctor.models import DoctorRequest
+from mm_agent.doctor.models import DoctorRequest, Status
 from mm_agent.doctor.probes import EnvProbe, ProbeError, run_env_probe
 from mm_agent.errors import MMAgentError
-from mm_agent.jobspec import ResolvedJob, resolve_job
+from mm_agent.jobspec import ResolvedJob, Runtime, resolve_job
 from mm_agent.npu_smi import NpuSmiInfo, query
 from mm_agent.paths import confine, inside, where
 from mm_agent.registry import Registry, get_registry
@@ -43,7 +45,20 @@ BASE_DISTS = (
     "decord",
     "eva-decord",
 )
-PROBED_MODULES = ("megatron", "mindspeed", "mindspeed_mm", "decord", "torch_npu")
+PROBED_MODULES = (
+    "megatron",
+    "mindspeed",
+    "mindspeed_mm",
+    "decord",
+    "torch_npu",
+    "torch",
+    "runtime",
+    "mm_agent",
+)
+# mm-agent's own distribution: installed in the training interpreter, it carries the bundled runtime.
+MM_AGENT_DIST = "mm-agent"
+# Small files read beside a module by the probe (never imported): torch's build (CPU, CUDA, ROCm).
+PROBED_FILES = {"torch": ["version.py"], "runtime": ["train.py", "extract.py", "sample.py"]}
 
 
 def requirement(spec: str) -> Any:
@@ -77,6 +92,9 @@ class Context:
         self.mm_root_source = ""
         self.mm_root_from_env = False  # the operator's $MM_ROOT: trusted like the rest of the server's env
         self.python = sys.executable
+        self.python_source = "the interpreter running mm-agent"
+        # A bundled job's own interpreter that could not be probed: (status, summary, fix) for runtime_install.
+        self.python_problem: tuple[Status, str, str] | None = None
         self.master_port = DEFAULT_MASTER_PORT
         self.master_port_source = "MindSpeed-MM script default"
         self.num_workers = DEFAULT_NUM_WORKERS
@@ -84,6 +102,9 @@ class Context:
         self.npus_per_node: int | None = None
         self.nnodes = 1
         self.tp = 1
+        # What runs the job (job.yaml `runtime`): decides which checks apply (`registry.check(runtimes=)`).
+        self.runtime: Runtime = "mindspeed-mm"
+        self.device: str | None = None  # job.yaml `device` of a bundled job (None/auto: the runtime picks)
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._cache: dict[str, Any] = {}
@@ -127,6 +148,7 @@ class Context:
             ctx.size = ctx.job.size
             ctx.npus_per_node, ctx.nnodes, ctx.tp = ctx.job.npus_per_node, ctx.job.nnodes, ctx.job.tp
             ctx.num_workers = ctx.job.num_workers
+            ctx.runtime, ctx.device = ctx.job.runtime, ctx.job.device
             ctx.num_workers_source = (
                 f"{JOB_FILE} num_workers"
                 if spec.num_workers is not None
@@ -143,8 +165,57 @@ class Context:
         if req.python:
             python = interpreter_path(req.python, ctx.root, base)
             check_interpreter(python)  # a script, shell or other program is refused, never run
-            ctx.python = str(python)
+            ctx.python, ctx.python_source = str(python), "--python"
+        elif ctx.job is not None and ctx.runtime == "bundled":
+            ctx._use_job_interpreter()
         return ctx
+
+    def _use_job_interpreter(self) -> None:
+        """A bundled job runs `"$PYTHON" -m runtime.*`, PYTHON defaulting to the interpreter that rendered
+        it (PYTHON_DEFAULT in its scripts): check that one. One that cannot run is the job's problem
+        (`runtime_install` fails); one the doctor may not run here (outside the workspace) is a warning."""
+        from mm_agent.jobs.jobdir import load_stage
+
+        assert self.job_dir is not None
+        value = self.env.get("PYTHON")
+        source = "$PYTHON (overrides the scripts' PYTHON_DEFAULT)"
+        if not value:
+            try:
+                stage = load_stage(self.job_dir, "train", self.root)
+            except MMAgentError as exc:
+                self.python_problem = (
+                    "warn",
+                    f"cannot read the job's interpreter: {exc.message}",
+                    exc.fix or "",
+                )
+                return
+            value = stage.var("PYTHON")
+            source = f"PYTHON_DEFAULT in the job's {stage.script.name}"
+        if not value:
+            return
+        if os.path.abspath(value) == os.path.abspath(sys.executable):
+            self.python_source = f"{source}, mm-agent's own interpreter"
+            return
+        fix = "re-render the job from the environment that has mm-agent[runtime], or set PYTHON"
+        if not os.access(value, os.X_OK):
+            self.python_problem = (
+                "fail",
+                f"the job's scripts run {value} ({source}): not an executable",
+                fix,
+            )
+            return
+        try:
+            python = interpreter_path(value, self.root, self.base)
+            check_interpreter(python)
+        except MMAgentError as exc:
+            self.python_problem = (
+                "warn",
+                f"the job's scripts run {value} ({source}), not probed here: {exc.message}; checked "
+                f"{self.python} instead",
+                f"{fix}; or run `mm-agent doctor --job ... --python {shlex.quote(value)}` where that interpreter may run",
+            )
+            return
+        self.python, self.python_source = str(python), source
 
     def _resolve_model(self, model: str, task: str | None, size: str | None) -> None:
         entry = self.registry.get(model)
@@ -209,6 +280,16 @@ class Context:
         elif env_port.isdigit() and 0 < int(env_port) < 65536:
             self.master_port, self.master_port_source = int(env_port), "$MASTER_PORT"
 
+    def device_choice(self) -> tuple[str, str]:
+        """The bundled runtime's device (npu | cuda | cpu | auto) and where that comes from: job.yaml `device`
+        (the scripts pass it as --device) wins over $MM_AGENT_DEVICE, as in `runtime.device.requested_device`."""
+        if self.device not in (None, "auto"):
+            return str(self.device), "job.yaml device (the scripts pass --device)"
+        env = self.env.get("MM_AGENT_DEVICE", "").strip().lower()
+        if env and env != "auto":
+            return env, "$MM_AGENT_DEVICE"
+        return "auto", "job.yaml device unset or auto: the runtime picks NPU, then CUDA, then CPU"
+
     # ------------------------------------------------------------------------------------------------
     # paths at use
 
@@ -221,7 +302,7 @@ class Context:
                 f"{field} {path} lies outside {where(self.root)}; the doctor does not look there",
                 field=field,
                 fix="put it inside the workspace and re-render the job (the server operator can allow "
-                "another root with `mm-agent serve --allow-root DIR`)",
+                "another root with `mm-agent serve --allow-path DIR`)",
             )
         return path
 
@@ -276,15 +357,24 @@ class Context:
         return names + from_git, from_git
 
     def dist_names(self) -> list[str]:
-        return sorted({*BASE_DISTS, *self.version.base_pins, *self._overlay_names()[0]})
+        return sorted(
+            {
+                *BASE_DISTS,
+                MM_AGENT_DIST,
+                *requirement_names(),
+                *self.version.base_pins,
+                *self._overlay_names()[0],
+            }
+        )
 
     def pyenv(self) -> EnvProbe:
         """Packages of the checked interpreter (raises ProbeError when it cannot be probed)."""
         request = {
             "dists": self.dist_names(),
-            "requires": ["torch_npu"],
+            "requires": ["torch_npu", MM_AGENT_DIST],
             "direct_url": ["mindspeed", "mindspeed_mm", *self._overlay_names()[1]],
             "modules": list(PROBED_MODULES),
+            "files": PROBED_FILES,
         }
         return self._once(
             "pyenv",

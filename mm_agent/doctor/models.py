@@ -34,9 +34,7 @@ class DoctorRequest(BaseModel):
     )
     python: PathText | None = Field(
         default=None,
-        description="interpreter of the training environment (default: the one running mm-agent): a CPython "
-        "3.8+ executable whose folder lies in the workspace, e.g. <venv>/bin/python; checked by its ELF "
-        "identity (never a script) before any probe runs it",
+        description="the training env's CPython (e.g. <venv>/bin/python, in the workspace; never a script)",
     )
     checks: Annotated[list[Name], Field(max_length=MAX_ITEMS)] | None = Field(
         default=None, description="run only these check ids"

@@ -37,6 +37,9 @@ class EnvProbe(BaseModel):
     requires: dict[str, list[str]] = Field(default_factory=dict)
     direct_url: dict[str, dict[str, Any]] = Field(default_factory=dict)
     modules: dict[str, ModuleSpec | None] = Field(default_factory=dict)
+    files: dict[str, str] = Field(
+        default_factory=dict, description="'module/file' -> its first characters, for files the request named"
+    )
 
 
 class ProbeError(Exception):
@@ -66,7 +69,7 @@ def run_interpreter(
 
 
 def run_env_probe(
-    python: str, request: Mapping[str, list[str]], *, env: Mapping[str, str], timeout_s: float, scope: Scope
+    python: str, request: Mapping[str, Any], *, env: Mapping[str, str], timeout_s: float, scope: Scope
 ) -> EnvProbe:
     out = run_interpreter(
         python,
@@ -121,6 +124,42 @@ def run_torch_npu_probe(
     if out.returncode != 0 or not lines:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": tail}
+    try:
+        result: dict[str, Any] = json.loads(lines[-1])
+    except ValueError:
+        return {"error": f"unreadable probe output: {lines[-1][:200]}"}
+    return result
+
+
+TORCH_CUDA_PROBE = """
+import json, os
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+import torch
+out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+try:
+    out["available"] = bool(torch.cuda.is_available())
+    out["count"] = torch.cuda.device_count() if out["available"] else 0
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def run_torch_cuda_probe(
+    python: str, *, env: Mapping[str, str], timeout_s: float, scope: Scope
+) -> dict[str, Any]:
+    """`torch.cuda.is_available()` and the GPU count, asked of the checked interpreter in a child process."""
+    out = run_interpreter(
+        python,
+        ["-c", TORCH_CUDA_PROBE],
+        env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        timeout_s=timeout_s,
+        what="`import torch; torch.cuda.is_available()`",
+        scope=scope,
+    )
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
     try:
         result: dict[str, Any] = json.loads(lines[-1])
     except ValueError:

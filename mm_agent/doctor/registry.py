@@ -1,7 +1,10 @@
 """The check registry and the concurrent runner.
 
-A check is one function `fn(ctx) -> Outcome` registered with `@check(id, title)`; adding a check is adding
-one function to one of the `checks_*.py` modules. The runner gives each check its own daemon thread (a
+A check is one function `fn(ctx) -> Outcome` registered with `@check(id, title, runtimes)`; adding a check is
+adding one function to one of the `checks_*.py` modules. `runtimes` names whose jobs need what the check looks
+at: a job of the bundled runtime (job.yaml `runtime: bundled`) skips the MindSpeed-MM-only checks (CANN, the
+driver, the checkout, Megatron, MindSpeed, the pins) as "not used by the bundled runtime", and any other run
+skips the bundled runtime's own checks. The runner gives each check its own daemon thread (a
 check stuck on a hung filesystem cannot block the exit), waits until the run's deadline, and turns a check
 that raised into a `fail` naming the check, so doctor itself never crashes: a refusal (`MMAgentError`,
 e.g. a job path outside the workspace) with its own fix, anything else as a bug in that check.
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.models import CheckResult, Status
 from mm_agent.errors import MMAgentError
+from mm_agent.jobspec import Runtime
 
 
 @dataclass(frozen=True)
@@ -46,23 +50,37 @@ def skip(summary: str, evidence: Iterable[str] = ()) -> Outcome:
 CheckFn = Callable[[Context], Outcome]
 
 
+BOTH: tuple[Runtime, ...] = ("mindspeed-mm", "bundled")
+MM_ONLY: tuple[Runtime, ...] = ("mindspeed-mm",)
+BUNDLED_ONLY: tuple[Runtime, ...] = ("bundled",)
+# Why a check does not run for a job of the other runtime (the report's `skip` summary).
+NOT_USED: dict[Runtime, str] = {
+    "bundled": "not used by the bundled runtime",
+    "mindspeed-mm": "used by the bundled runtime only (a job rendered with --runtime bundled)",
+}
+
+
 @dataclass(frozen=True)
 class Check:
     id: str
     title: str
     fn: CheckFn
+    runtimes: tuple[Runtime, ...] = BOTH  # the runtimes whose jobs need what this check looks at
 
 
 CHECKS: dict[str, Check] = {}
 
 
-def check(check_id: str, title: str) -> Callable[[CheckFn], CheckFn]:
-    """Register `fn` under `check_id`; the report lists checks in registration order."""
+def check(check_id: str, title: str, runtimes: tuple[Runtime, ...] = BOTH) -> Callable[[CheckFn], CheckFn]:
+    """Register `fn` under `check_id`; the report lists checks in registration order. A check whose
+    `runtimes` do not include the run's (the job's `runtime`, else mindspeed-mm) is a `skip` saying so."""
+    if not runtimes or set(runtimes) - set(BOTH):
+        raise ValueError(f"doctor check {check_id!r}: runtimes must be some of {BOTH}")
 
     def register(fn: CheckFn) -> CheckFn:
         if check_id in CHECKS:
             raise ValueError(f"duplicate doctor check id {check_id!r}")
-        CHECKS[check_id] = Check(check_id, title, fn)
+        CHECKS[check_id] = Check(check_id, title, fn, runtimes)
         return fn
 
     return register
@@ -71,7 +89,7 @@ def check(check_id: str, title: str) -> Callable[[CheckFn], CheckFn]:
 def _run_one(chk: Check, ctx: Context, results: dict[str, CheckResult]) -> None:
     start = time.monotonic()
     try:
-        out = chk.fn(ctx)
+        out = chk.fn(ctx) if ctx.runtime in chk.runtimes else skip(NOT_USED[ctx.runtime])
     except MMAgentError as exc:  # a refusal (a path outside the workspace, a FIFO): the setup's, with its fix
         where = ": ".join(p for p in (exc.file, exc.field) if p)
         out = Outcome("fail", f"{where}: {exc.message}" if where else exc.message, [], exc.fix)

@@ -49,7 +49,7 @@ class InstallRequest(BaseModel):
     )
     os_family: OsFamily | None = Field(
         default=None,
-        description="distro family for system packages (debian: apt-get, rhel: yum); default: this one",
+        description="distro family (debian: apt-get, rhel: yum); default: this one",
     )
     env: EnvKind = Field(default="venv", description="environment kind to create")
     env_path: InstallPath | None = Field(
@@ -71,7 +71,7 @@ class InstallRequest(BaseModel):
     steps: list[StepId] | None = Field(
         default=None, max_length=MAX_ITEMS, description="run only these step ids (default: all)"
     )
-    confirm: bool = Field(default=False, description="execute the plan; false = dry run that only returns it")
+    confirm: bool = Field(default=False, description="install (false: dry run, the plan)")
 
 
 class InstallPlan(BaseModel):

@@ -23,6 +23,7 @@ from typing import Any
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs.jobdir import StageScript
 from mm_agent.jobs.resume import TRACKER
+from mm_agent.jobspec import bundled_refusal
 from mm_agent.paths import inside, read_file, require_regular, where
 from mm_agent.registry import get_registry
 
@@ -36,7 +37,7 @@ def _confined(job: StageScript, path: Path, what: str) -> Path:
             f"{what} {path} lies outside {where(job.root)}",
             file=str(path),
             fix="re-render the job with its data inside the workspace (the server operator can allow "
-            "another root with `mm-agent serve --allow-root DIR`)",
+            "another root with `mm-agent serve --allow-path DIR`)",
         )
     return path
 
@@ -167,6 +168,17 @@ def _check_features(job: StageScript) -> list[str]:
     return [str(config_path), str(features)]
 
 
+def _bundled_can_run(job: StageScript) -> bool:
+    """Whether render would accept `--runtime bundled` for this job's model, task and size."""
+    entry = get_registry().get(job.spec.model)
+    task = entry.task(job.spec.task, job.spec.backend)
+    if task is None:
+        return False
+    allowed = [s for s in entry.sizes if task.sizes is None or s.id in task.sizes]
+    size = entry.size(job.spec.size) if job.spec.size else next(iter(allowed), None)
+    return size is not None and bundled_refusal(entry, task, size) is None
+
+
 def _check_runtime(job: StageScript) -> list[str]:
     if job.runtime == "bundled":
         python = job.var("PYTHON")
@@ -180,12 +192,16 @@ def _check_runtime(job: StageScript) -> list[str]:
         return [python] if python else []
     mm_root = job.var("MM_ROOT")
     if mm_root is not None and not Path(mm_root).is_dir():
+        # only where render accepts it: the bundled runtime trains Wan-family t2v, never a Qwen job
+        bundled = (
+            "; for a run without MindSpeed-MM render with --runtime bundled" if _bundled_can_run(job) else ""
+        )
         raise MMAgentError(
             "the MindSpeed-MM checkout the job runs in is missing",
             file=str(job.script),
             field="MM_ROOT",
-            fix=f"install it (mm-agent install {job.spec.model} --execute --yes) or re-render with "
-            "--mm-root; for a run without MindSpeed-MM render with --runtime bundled",
+            fix=f"install it (mm-agent install {job.spec.model} --execute --yes) or re-render with --mm-root"
+            + bundled,
         )
     if shutil.which("torchrun") is None:
         raise MMAgentError(

@@ -37,9 +37,7 @@ class LaunchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job_dir: PathText = Field(
-        description="rendered job directory (holds job.yaml); inside the workspace over MCP"
-    )
+    job_dir: PathText = Field(description="rendered job directory (holds job.yaml)")
     confirm: bool = Field(default=False, description="false: dry run (argv, env, port; nothing starts)")
     nproc_per_node: int | None = Field(
         default=None, ge=1, le=64, description="processes per node (default: the job's npus_per_node)"
@@ -47,8 +45,7 @@ class LaunchRequest(BaseModel):
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         max_length=MAX_ENV,
-        description="extra environment for the stage; only device/communication variables are accepted "
-        "(MM_AGENT_DEVICE, OMP_NUM_THREADS, *_VISIBLE_DEVICES, HCCL_*, NCCL_*, GLOO_SOCKET_IFNAME, ...)",
+        description="extra env: device/communication variables only (HCCL_*, NCCL_*, *_VISIBLE_DEVICES, ...)",
     )
     stop_grace_s: float = Field(
         default=10.0, gt=0, le=300, description="on stop/watchdog: seconds between SIGTERM and SIGKILL"
@@ -224,7 +221,7 @@ class TailRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run_id: RunId
-    lines: int = Field(default=100, ge=1, le=500, description="last lines of the log (at most 500)")
+    lines: int = Field(default=40, ge=1, le=500, description="last lines of the log (at most 500)")
 
 
 class LogTail(BaseModel):

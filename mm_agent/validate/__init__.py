@@ -20,6 +20,7 @@ from mm_agent.validate import (
     rules_data,
     rules_generative,
     rules_mmparser,
+    rules_multinode,
     rules_parallel,
     rules_vlm,
 )
@@ -87,7 +88,15 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
     )
     job.find_mm_root()
     build_launches(job)
-    for rules in (rules_common, rules_ckpt, rules_parallel, rules_generative, rules_data, rules_vlm):
+    for rules in (
+        rules_common,
+        rules_ckpt,
+        rules_parallel,
+        rules_generative,
+        rules_data,
+        rules_vlm,
+        rules_multinode,
+    ):
         try:
             rules.check(job)
         except Exception as exc:  # a validator bug must not hide the other rules' findings

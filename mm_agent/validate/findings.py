@@ -40,10 +40,7 @@ class ValidateRequest(BaseModel):
     strict: bool = Field(default=False, description="count warnings as errors")
     mm_root: PathText | None = Field(
         default=None,
-        description="MindSpeed-MM checkout that relative paths start from; when it is a source checkout "
-        "(mindspeed_mm/arguments.py, with MindSpeed and Megatron-LM next to it or installed), its real "
-        "argument parser and validate_args also judge every torchrun launch (a child process, torch_npu "
-        "stubbed; needs torch). Inside the workspace over MCP.",
+        description="MindSpeed-MM checkout: relative paths start there, its own parser judges each launch",
     )
 
 

@@ -105,13 +105,14 @@ def _stand_ins(where: Path) -> Path:
 
 def _capture(tmp: Path, version: str, mm_root: Path) -> Capture:
     bin_dir = _stand_ins(tmp / "bin")
-    weights = tmp / "weights"
-    weights.mkdir(exist_ok=True)
-    (weights / "modeling_internvl_chat.py").write_text("", encoding="utf-8")  # InternVL's scripts check it
     capture = Capture()
     for model, task, backend, size in _cases(version):
         name = f"{model}-{task}-{backend}-{size}-{version}"
         job_dir = tmp / "ws" / name
+        weights = tmp / "weights" / name  # each job its own (a Wan job sizes itself from a non-empty one)
+        weights.mkdir(parents=True, exist_ok=True)
+        if model.startswith("internvl"):
+            (weights / "modeling_internvl_chat.py").write_text("", encoding="utf-8")  # its scripts check it
         render_job(
             RenderRequest(
                 model=model,

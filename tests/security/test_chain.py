@@ -33,17 +33,15 @@ def test_render_then_doctor_runs_nothing(tmp_path: Path) -> None:
             rendered = await client.call_tool(
                 "render_job",
                 {
-                    "req": {
-                        "model": "qwen2.5vl",
-                        "task": "sft",
-                        "out_dir": "jobs/q",
-                        "mm_root": hostile,
-                        "confirm": True,
-                    }
+                    "model": "qwen2.5vl",
+                    "task": "sft",
+                    "out_dir": "jobs/q",
+                    "mm_root": hostile,
+                    "confirm": True,
                 },
             )
             assert not rendered.is_error, rendered.content
-            doctor = await client.call_tool("check_environment", {"req": {"python": "jobs/q/finetune.sh"}})
+            doctor = await client.call_tool("check_environment", {"python": "jobs/q/finetune.sh"})
             assert doctor.is_error
             return rendered.content[0].text, doctor.content[0].text
 

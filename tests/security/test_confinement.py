@@ -42,7 +42,7 @@ def place(tmp_path: Path) -> tuple[Path, Path]:
 def _call(ws: Path, tool: str, args: dict[str, Any], allow: tuple[Path, ...] = ()) -> Any:
     async def go() -> Any:
         async with Client(build_server(ws, allow_roots=allow)) as client:
-            return await client.call_tool(tool, {"req": args})
+            return await client.call_tool(tool, args)
 
     return anyio.run(go)
 

@@ -168,11 +168,11 @@ def test_forty_fifo_calls_leave_the_server_answering(ws: Path) -> None:
             async with Client(build_server(Path({str(ws)!r}))) as client:
                 results = [None] * 40
                 async def one(i):
-                    results[i] = await client.call_tool("diagnose_errors", {{"req": {{"paths": ["logs/pipe.log"]}}}})
+                    results[i] = await client.call_tool("diagnose_errors", {{"paths": ["logs/pipe.log"]}})
                 async with anyio.create_task_group() as tg:
                     for i in range(40):
                         tg.start_soon(one, i)
-                after = await client.call_tool("diagnose_errors", {{"req": {{"paths": ["logs/rank_0.log"]}}}})
+                after = await client.call_tool("diagnose_errors", {{"paths": ["logs/rank_0.log"]}})
                 return [(r.is_error, r.content[0].text) for r in results], after.is_error
 
         fifo, after_error = anyio.run(go)

@@ -48,7 +48,7 @@ def _call(ws: Path, tool: str, args: dict[str, Any]) -> Any:
     async def go() -> Any:
         with anyio.fail_after(HANG_GUARD_S):
             async with Client(build_server(ws)) as client:
-                return await client.call_tool(tool, {"req": args})
+                return await client.call_tool(tool, {**args, "detail": True})  # the whole report
 
     return anyio.run(go)
 

@@ -75,7 +75,7 @@ NUMBERS = [0.0, -1.0, 1e-5, 0.5, 1e308]
 # Sensible arguments per tool; most calls mutate one field of these, so they reach deep code.
 TEMPLATES: dict[str, dict[str, Any]] = {
     "list_models": {},
-    "route_model": {"text": "fine-tune Wan2.1 t2v on 8 NPUs"},
+    "route_model": {"request": "fine-tune Wan2.1 t2v on 8 NPUs"},
     "render_job": {"model": "wan2.1", "task": "t2v", "out_dir": "jobs/f1", "confirm": True},
     "validate_configs": {"paths": ["jobs/f1"]},
     "diagnose_errors": {"paths": ["logs"]},
@@ -189,18 +189,19 @@ def _value(rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], fil
 def _arguments(rng: random.Random, tool: dict[str, Any], fill: dict[str, str]) -> dict[str, Any]:
     schema = tool["inputSchema"]
     defs = schema.get("$defs", {})
-    req_schema = schema["properties"]["req"]
-    if rng.random() < 0.6:  # one hostile field in sensible arguments
-        req = dict(TEMPLATES[tool["name"]])
-        props = defs[req_schema["$ref"].rsplit("/", 1)[-1]].get("properties", {})
+    if rng.random() < 0.6:  # one hostile argument among sensible ones
+        args = dict(TEMPLATES[tool["name"]])
+        props = schema.get("properties", {})
         if props:
             name = rng.choice(sorted(props))
-            req[name] = _value(rng, props[name], defs, fill)
+            args[name] = _value(rng, props[name], defs, fill)
     else:
-        req = _value(rng, req_schema, defs, fill)
-    if tool["name"] in DRY_ONLY and isinstance(req, dict):
-        req["confirm"] = False
-    return {"req": req}
+        args = _value(rng, schema, defs, fill)
+    if not isinstance(args, dict):  # the wrong type for the whole argument object
+        args = {"unexpected": args}
+    if tool["name"] in DRY_ONLY:
+        args["confirm"] = False
+    return args
 
 
 def _deep(depth: int) -> str:
@@ -249,7 +250,7 @@ def test_fuzz_600_calls_every_one_answered_nothing_runs(tmp_path: Path) -> None:
             if roll < 0.04:  # nested past the parser's limit
                 head = json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call"})[:-1]
                 deep = _deep(rng.choice([250, 1000]))
-                args = '{"name": ' + json.dumps(tool["name"]) + ', "arguments": {"req": ' + deep + "}}"
+                args = '{"name": ' + json.dumps(tool["name"]) + ', "arguments": {"x": ' + deep + "}}"
                 line = f'{head}, "params": {args}}}'
             elif roll < 0.07:  # not JSON at all, or cut short
                 line = rng.choice([f'{{"jsonrpc": "2.0", "id": {rid}, "method": ', f'{{"id": {rid}, []}}'])

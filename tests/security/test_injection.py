@@ -144,8 +144,8 @@ def _hostile_values(index: int, payload: str) -> dict[str, str]:
 
 
 def _prepare_inputs(ws: Path, values: dict[str, str]) -> None:
-    """What the scripts check before launching: the directories they cd into or test, the InternVL code
-    file, a converted checkpoint's marker file."""
+    """What the scripts check before launching: the directories they cd into or test, a converted
+    checkpoint's marker file (the InternVL code file is placed per case)."""
     for field, value in values.items():
         path = ws / value
         if field == "dataset_file":
@@ -153,7 +153,6 @@ def _prepare_inputs(ws: Path, values: dict[str, str]) -> None:
             path.write_text("[]\n", encoding="utf-8")
         else:
             path.mkdir(parents=True, exist_ok=True)
-    (ws / values["weights_dir"] / "modeling_internvl_chat.py").write_text("", encoding="utf-8")
     (ws / values["load_path"] / "latest_checkpointed_iteration.txt").write_text("release\n", encoding="utf-8")
 
 
@@ -202,6 +201,13 @@ def test_hostile_request_values_run_nothing_in_any_rendered_script(tmp_path: Pat
     executed = {"mindspeed-mm": 0, "bundled": 0}
     for number, case in enumerate(CASES):
         out_dir = f"{index}/jobs/{number:03d}/{payload}"
+        # InternVL's scripts check for its code file; any other model's weights folder holds no stray file
+        # (a Wan job reads an existing, non-empty folder for its sizes)
+        marker = ws / values["weights_dir"] / "modeling_internvl_chat.py"
+        if case.model.startswith("internvl"):
+            marker.write_text("", encoding="utf-8")
+        else:
+            marker.unlink(missing_ok=True)
         render_job(_request(case, out_dir, values, confirm=True), root=ws)
         scripts = sorted((ws / out_dir).rglob("*.sh"))
         assert scripts, case

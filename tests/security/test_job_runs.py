@@ -298,7 +298,7 @@ def test_a_job_rendered_from_another_directory_is_refused_at_launch_with_root(
 
     async def over_mcp() -> Any:
         async with Client(build_server(ws)) as client:
-            return await client.call_tool("launch_training", {"req": {"job_dir": "rel", "confirm": True}})
+            return await client.call_tool("launch_training", {"job_dir": "rel", "confirm": True})
 
     result = anyio.run(over_mcp)
     assert result.is_error and "LOAD_PATH" in result.content[0].text and "fix:" in result.content[0].text

@@ -71,12 +71,12 @@ def test_a_huge_request_is_refused_at_the_model_naming_the_limit(tmp_path: Path)
 
     async def go() -> Any:
         async with Client(build_server(tmp_path)) as client:
-            return await client.call_tool("route_model", {"req": {"text": "wan " * 75_000}})
+            return await client.call_tool("route_model", {"request": "wan " * 75_000})
 
     result = anyio.run(go)
     assert result.is_error
     text = result.content[0].text
-    assert "req.text" in text and str(REQUEST_CHARS) in text
+    assert "request" in text and str(REQUEST_CHARS) in text
 
 
 @pytest.mark.parametrize("bad", ["a\nb", "a\rb", "a\x00b", "a\tb", "a\x1bb", "a\u2028b"])
@@ -85,7 +85,7 @@ def test_control_characters_in_render_paths_are_refused(tmp_path: Path, bad: str
         async with Client(build_server(tmp_path)) as client:
             return await client.call_tool(
                 "render_job",
-                {"req": {"model": "wan2.1", "task": "t2v", "out_dir": "jobs/w", "load_path": bad}},
+                {"model": "wan2.1", "task": "t2v", "out_dir": "jobs/w", "load_path": bad},
             )
 
     result = anyio.run(go)

@@ -64,10 +64,7 @@ def _deep_call(rid: Any, depth: int) -> str:
     nested = '{"x": ' * depth + '"leaf"' + "}" * depth
     head = '{"jsonrpc": "2.0", "id": ' + json.dumps(rid) + ', "method": "tools/call", '
     return (
-        head
-        + '"params": {"name": "route_model", "arguments": {"req": {"text": "wan"}, "deep": '
-        + nested
-        + "}}}"
+        head + '"params": {"name": "route_model", "arguments": {"request": "wan", "deep": ' + nested + "}}}"
     )
 
 
@@ -80,7 +77,7 @@ def test_deep_nesting_is_answered_with_a_jsonrpc_error(tmp_path: Path, depth: in
             "jsonrpc": "2.0",
             "id": "after",
             "method": "tools/call",
-            "params": {"name": "route_model", "arguments": {"req": {"text": "wan2.1 t2v"}}},
+            "params": {"name": "route_model", "arguments": {"request": "wan2.1 t2v"}},
         }
     )
     replies = {
@@ -136,13 +133,13 @@ def test_blocked_calls_time_out_and_others_are_still_answered(
         async with Client(build_server(tmp_path, tool_timeout_s=1.0)) as client:
 
             async def blocked() -> None:
-                results.append(await client.call_tool("route_model", {"req": {"text": "x"}}))
+                results.append(await client.call_tool("route_model", {"request": "x"}))
 
             async with anyio.create_task_group() as tg:
                 for _ in range(10):
                     tg.start_soon(blocked)
                 await anyio.sleep(0.2)
-                listed = await client.call_tool("list_models", {"req": {}})
+                listed = await client.call_tool("list_models", {})
         return results, listed
 
     try:
@@ -164,15 +161,13 @@ def test_forty_fifo_reads_do_not_exhaust_the_server(tmp_path: Path) -> None:
         async with Client(build_server(tmp_path, tool_timeout_s=60)) as client:
 
             async def one() -> None:
-                results.append(await client.call_tool("diagnose_errors", {"req": {"paths": ["pipe"]}}))
+                results.append(await client.call_tool("diagnose_errors", {"paths": ["pipe"]}))
 
             with anyio.fail_after(HANG_GUARD_S):
                 async with anyio.create_task_group() as tg:
                     for _ in range(40):
                         tg.start_soon(one)
-                after = await client.call_tool(
-                    "diagnose_errors", {"req": {"text": "iteration 1/2 | lm loss: 1.0"}}
-                )
+                after = await client.call_tool("diagnose_errors", {"text": "iteration 1/2 | lm loss: 1.0"})
         return results, after
 
     results, after = anyio.run(go)
@@ -188,10 +183,9 @@ def test_inspector_cli_refuses_the_workspace_as_out_dir(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "mine.txt").write_text("keep\n", encoding="utf-8")
-    args = {"model": "wan2.1", "task": "t2v", "out_dir": ".", "confirm": True, "force": True}
-    called = _inspector(
-        ws, "--method", "tools/call", "--tool-name", "render_job", "--tool-arg", f"req={json.dumps(args)}"
-    )
+    args = ["model=wan2.1", "task=t2v", "out_dir=.", "confirm=true", "force=true"]
+    flat = [a for arg in args for a in ("--tool-arg", arg)]
+    called = _inspector(ws, "--method", "tools/call", "--tool-name", "render_job", *flat)
     assert called.returncode in (0, 5), called.stderr  # 5 = "the tool returned isError" in newer Inspectors
     result = json.loads(called.stdout)
     assert result["isError"] is True

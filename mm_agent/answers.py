@@ -1,0 +1,361 @@
+"""What an assistant reads from each tool: a short text summary and a compact structured answer.
+
+Every character a tool returns lands in a context window, so the MCP face does not send the core's full result
+model by default. `answer(result, detail)` gives (text, data): `text` is a few lines a person would write,
+`data` the result with empty fields dropped and its bulk (pipeline commands, install verify commands and
+script, file contents, info findings, passing checks, long log tails) left for `detail=true`. With
+`detail=true` data is the whole model, every field included. The CLI's `--json` keeps printing the whole model.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+BRIEF_FINDINGS = 12  # validation / diagnosis findings shown without detail
+BRIEF_EVIDENCE = 2  # evidence lines per diagnosis finding
+BRIEF_CHARS = 240  # one evidence or log line, cut
+BRIEF_TAIL = 8  # log lines in job_status without detail
+BRIEF_PER_RULE = 3  # validation findings of one rule shown without detail
+DETAIL_HINT = "detail=true for everything"
+
+
+def compact(value: Any) -> Any:
+    """JSON data without None, empty lists/dicts and empty strings (keys an assistant would skip anyway)."""
+    if isinstance(value, dict):
+        out = {k: compact(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, [], {}, "")}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
+
+
+def _cut(text: str, limit: int = BRIEF_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _dump(result: BaseModel, **kwargs: Any) -> dict[str, Any]:
+    data: dict[str, Any] = compact(result.model_dump(mode="json", **kwargs))
+    return data
+
+
+# ---- per result type -----------------------------------------------------------------------------------
+def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    data["question"] = r.question  # the contract: always present, null when none
+    cands = data.get("candidates", [])
+    if not detail and cands:
+        top = dict(cands[0])
+        top["pipeline"] = [
+            {"stage": s["stage"], "applies": s.get("applies", False), "summary": s.get("summary", "")}
+            for s in top.get("pipeline", [])
+        ]
+        keep = ("model_id", "task", "backend", "size", "npus_per_node", "nnodes", "entry_script", "score")
+        data["candidates"] = [top] + [{k: c[k] for k in keep if k in c} for c in cands[1:]]
+    lines = []
+    if r.question:
+        lines.append(f"Question: {r.question}")
+    for i, c in enumerate(r.candidates[:5]):
+        where = f"{getattr(c, 'npus_per_node', None) or '?'} NPUs x {getattr(c, 'nnodes', None) or 1} node(s)"
+        head = "Best" if i == 0 and not r.question else f"{i + 1}."
+        lines.append(
+            f"{head}: {c.model_id} {c.task} ({c.backend}, size {c.size}, {where}) via {c.entry_script}"
+        )
+    if r.candidates and not r.question:
+        lines.append(f"Why: {_cut(r.candidates[0].explanation)}")
+        lines.append(f"Next: install_deps model={r.candidates[0].model_id}, then render_job (dry run).")
+    if len(r.candidates) > 5:
+        lines.append(f"... {len(r.candidates) - 5} more candidates in the data.")
+    if not detail and r.candidates:
+        lines.append(f"Pipeline stages listed with summaries; {DETAIL_HINT} (commands of each stage).")
+    return "\n".join(lines) or "No candidate.", data
+
+
+def _install(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    p = r.plan
+    data = _dump(r)
+    if not detail:
+        plan = data.get("plan", {})
+        plan.pop("script", None)
+        # the commands with the plan's own folders named once ($ENV = plan.env_path, $MM_ROOT = plan.mm_root)
+        short = (
+            [(str(p.env_path), "$ENV"), (str(p.mm_root), "$MM_ROOT")] if getattr(p, "env_path", None) else []
+        )
+
+        def line(argv: list[str]) -> str:
+            text = shlex.join(argv)
+            for long, name in short:
+                text = text.replace(long, name)
+            return text
+
+        plan["steps"] = [
+            {"id": s.id, "title": s.title, "run": [line(c.argv) for c in s.commands]} for s in p.steps
+        ]
+        if "run" in data:
+            data["run"] = {k: v for k, v in data["run"].items() if k not in ("steps",)} | {
+                "steps": [
+                    {k: v for k, v in s.items() if k in ("id", "status", "seconds", "error", "log")}
+                    for s in data["run"].get("steps", [])
+                ]
+            }
+    where = f"{p.env} at {p.env_path}" if getattr(p, "env_path", None) else p.env
+    text = (
+        f"{r.status}: {len(p.steps)} install steps for {p.model} on MindSpeed-MM {p.mm_version} ({p.arch}, "
+        f"Python {p.python}, {where}); MindSpeed-MM checkout at {p.mm_root}."
+    )
+    if getattr(p, "conflicts", None):
+        text += f"\n{len(p.conflicts)} conflict(s) with other models; see plan.conflicts."
+    if r.status == "dry_run":
+        text += "\nconfirm=true runs the steps (skipping those already done)"
+        text += "." if detail else f"; {DETAIL_HINT} (verify commands, the bash script)."
+    return text, data
+
+
+_KEY_VARS = re.compile(
+    r"^(TP|PP|VP|CP|MBS|GRAD_ACC_STEP|NPUS_PER_NODE|NNODES|LOAD_PATH|SAVE_PATH)=(.*)$", re.M
+)
+
+
+def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    if not detail:
+        values: dict[str, str] = {}
+        for f in r.files:
+            if f.kind == "shell" and f.content:
+                for name, value in _KEY_VARS.findall(f.content):
+                    values.setdefault(name, value.strip())
+        data["files"] = [{"path": f.path, "bytes": f.bytes} for f in r.files]
+        if values:
+            data["key_values"] = values
+    verb = {
+        "dry_run": "would write",
+        "written": "wrote",
+        "unchanged": "left unchanged",
+        "replaced": "replaced",
+    }
+    text = (
+        f"{verb[r.status]} {len(r.files)} files for {r.model} {r.task} ({r.backend}, {r.size}, MindSpeed-MM "
+        f"{r.mm_version}, runtime {r.runtime}) in {r.job_dir}."
+    )
+    if r.status == "dry_run":
+        text += "\nconfirm=true writes them"
+        text += "." if detail else "; file texts: detail=true, or read mm-agent://jobs/<path> once written."
+    if r.next_steps:
+        text += "\nNext: " + "; ".join(r.next_steps[:3]) + (" ..." if len(r.next_steps) > 3 else "")
+    return text, data
+
+
+def _validate(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    infos = sum(f.severity == "info" for f in r.findings)
+    if not detail:
+        shown: list[dict[str, Any]] = []
+        per_rule: dict[str, int] = {}
+        for f in r.findings:
+            if f.severity == "info":
+                continue
+            per_rule[f.rule] = per_rule.get(f.rule, 0) + 1
+            if per_rule[f.rule] <= BRIEF_PER_RULE and len(shown) < BRIEF_FINDINGS:
+                d = compact(f.model_dump(mode="json"))
+                shown.append(d | {"message": _cut(f.message, 200), "fix": _cut(f.fix, 200)})
+        data["findings"] = shown
+        data["by_rule"] = per_rule
+        data.pop("files", None)
+        data["info_count"] = infos
+    verdict = "ok" if r.ok else "NOT ok"
+    text = f"{verdict}: {r.error_count} error(s), {r.warning_count} warning(s), {infos} info over {len(r.files)} files."
+    for f in [f for f in r.findings if f.severity == "error"][:3]:
+        text += f"\n- {f.rule}: {_cut(f.message, 160)} Fix: {_cut(f.fix, 160)}"
+    if not detail and len(r.findings) > len(data["findings"]):
+        text += (
+            f"\nShown: errors and warnings, at most {BRIEF_PER_RULE} per rule (by_rule counts them all); "
+            f"{DETAIL_HINT}."
+        )
+    return text, data
+
+
+def _diagnose_finding(f: Any) -> dict[str, Any]:
+    d: dict[str, Any] = compact(f.model_dump(mode="json", exclude={"docs", "env_vars"}))
+    d["evidence"] = [
+        compact(e.model_dump(mode="json")) | {"text": _cut(e.text)}
+        for e in f.evidence[:BRIEF_EVIDENCE]
+        if hasattr(e, "text")
+    ] or d.get("evidence", [])[:BRIEF_EVIDENCE]
+    return d
+
+
+def _diagnose(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    if not detail:
+        data["root_cause"] = _diagnose_finding(r.root_cause) if r.root_cause is not None else None
+        data["findings"] = [
+            {"rule_id": f.rule_id, "title": f.title, "role": f.role, "count": f.count, "ranks": f.ranks[:8]}
+            for f in r.findings[:BRIEF_FINDINGS]
+        ]
+        data["findings"] = [compact(f) for f in data["findings"]]
+        data["files"] = r.files[:5]
+        if len(r.files) > 5:
+            data["files_more"] = len(r.files) - 5
+    if r.root_cause is None:
+        text = f"No failure found ({r.lines} lines in {len(r.files)} file(s))."
+    else:
+        rc = r.root_cause
+        text = f"Root cause: {rc.title} ({rc.category}, {rc.rule_id})"
+        if rc.ranks:
+            text += f" on rank(s) {', '.join(map(str, rc.ranks[:8]))}"
+        text += f".\nCause: {_cut(rc.cause, 300)}"
+        if rc.fixes:
+            text += f"\nFix: {_cut(getattr(rc.fixes[0], 'text', str(rc.fixes[0])), 300)}"
+    others = len(r.findings) - (1 if r.root_cause is not None else 0)
+    if others > 0:
+        text += f"\n{others} other finding(s) listed{'' if detail else f' by title; {DETAIL_HINT}'}."
+    return text, data
+
+
+def _doctor(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    if not detail:
+        data["checks"] = [
+            {"id": c.id, "status": c.status, "summary": _cut(c.summary, 160), "fix": _cut(c.fix or "", 200)}
+            for c in r.checks
+            if c.status in ("fail", "warn")
+        ]
+        data["passed"] = [c.id for c in r.checks if c.status == "ok"]
+        data["skipped"] = [c.id for c in r.checks if c.status == "skip"]
+    counts = ", ".join(f"{n} {k}" for k, n in r.counts.items() if n)
+    text = f"{'ok' if r.ok else 'NOT ok'}: {counts}."
+    failed = [c for c in r.checks if c.status == "fail"]
+    if failed:
+        text += f"\nFailing: {', '.join(c.id for c in failed)}."
+        text += f"\nFirst: {failed[0].id}: {_cut(failed[0].summary, 160)}"
+    if not detail:
+        text += f"\nFailures and warnings with their fix, the rest by id; {DETAIL_HINT} (evidence)."
+    return text, data
+
+
+def _status(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    if not detail:
+        data["log_tail"] = [_cut(line) for line in condense(r.log_tail)[-BRIEF_TAIL:]]
+        data.pop("report", None)
+    text = f"run {r.run_id} ({r.kind}{', ' + r.stage if r.stage else ''}): {r.state}. {_cut(r.message, 300)}"
+    if r.iteration is not None:
+        text += f"\niteration {r.iteration}/{r.total or '?'}, loss {r.last_loss}, ETA {r.eta_s} s"
+    if r.root_cause is not None:
+        rc = r.root_cause
+        text += f"\nRoot cause: {getattr(rc, 'title', '')}"
+        fixes = getattr(rc, "fixes", None) or []
+        if fixes:
+            first = fixes[0]
+            text += f"\nFix: {_cut(getattr(first, 'text', str(first)), 300)}"
+    return text, data
+
+
+_ITERATION = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
+
+
+def condense(lines: list[str]) -> list[str]:
+    """Megatron iteration lines collapsed: of a run of them only the first and the last are kept, with a
+    marker line saying how many were left out in between (losses are in job_status)."""
+    out: list[str] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if len(run) <= 2:
+            out.extend(run)
+        else:
+            out.extend([run[0], f"... {len(run) - 2} iteration lines ...", run[-1]])
+        run.clear()
+
+    for line in lines:
+        if _ITERATION.search(line):
+            run.append(line)
+            continue
+        flush()
+        out.append(line)
+    flush()
+    return out
+
+
+def _tail(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    lines = r.lines if detail else [_cut(line) for line in condense(r.lines)]
+    data["lines"] = lines
+    return (
+        f"{len(lines)} line(s) of {r.log} ({r.size_bytes} bytes); last: {_cut(lines[-1]) if lines else '-'}",
+        data,
+    )
+
+
+def _models(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    if not detail:
+        # one line per model: "id (family): task/backend, ...; sizes"; unavailable ones marked
+        data["models"] = [
+            f"{m.id} ({m.family}): "
+            + ", ".join(f"{t.task}/{t.backend}" for t in m.tasks)
+            + (f"; sizes {', '.join(m.sizes)}" if m.sizes != ["default"] else "")
+            + ("" if m.available_in_version else f"; not in {r.mm_version}")
+            for m in r.models
+        ]
+    return f"{r.count} models at MindSpeed-MM {r.mm_version}, one line each; {DETAIL_HINT}.", data
+
+
+def _launch(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    text = f"{r.status}: {r.stage} of {r.job_dir} ({r.runtime}). {_cut(r.message, 300)}"
+    if r.run_id:
+        text += f"\nrun_id {r.run_id}: follow with job_status, read with tail_logs, stop with stop_job."
+    return text, data
+
+
+def _convert(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    if not detail:
+        plan = data.get("plan", {})
+        files = plan.get("files") or plan.get("rank_files")
+        if isinstance(files, list) and len(files) > 8:
+            key = "files" if "files" in plan else "rank_files"
+            plan[key] = files[:8]
+            plan[f"{key}_more"] = len(files) - 8
+        if isinstance(data.get("files"), list) and len(data["files"]) > 8:
+            data["files_more"] = len(data["files"]) - 8
+            data["files"] = data["files"][:8]
+    text = f"{r.status}: {_cut(r.message, 400)}"
+    if r.run_id:
+        text += f"\nrun_id {r.run_id}: follow with job_status."
+    return text, data
+
+
+def _generic(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    message = getattr(r, "message", None) or getattr(r, "status", None) or type(r).__name__
+    return str(message), data
+
+
+_SHAPERS: dict[str, Callable[[Any, bool], tuple[str, dict[str, Any]]]] = {
+    "RouteResult": _route,
+    "InstallResult": _install,
+    "RenderResult": _render,
+    "ValidationReport": _validate,
+    "DiagnosisReport": _diagnose,
+    "DoctorReport": _doctor,
+    "JobStatus": _status,
+    "LogTail": _tail,
+    "ModelList": _models,
+    "StageLaunch": _launch,
+    "ConvertReport": _convert,
+}
+
+
+def answer(result: BaseModel, detail: bool = False) -> tuple[str, dict[str, Any]]:
+    """(text summary, structured data) of a core result for an assistant; `detail` = the whole model."""
+    shaper = _SHAPERS.get(type(result).__name__, _generic)
+    text, data = shaper(result, detail)
+    if detail:
+        data = result.model_dump(mode="json")  # the whole model, as the core returns it
+    return text, data

@@ -1,0 +1,116 @@
+"""Multi-node rules: a job on several nodes needs a master address that every node can reach.
+
+`multinode.master_addr` (error): the job runs on more than one node (`nnodes` > 1 in job.yaml, or statically
+`NNODES`/`--nnodes`/`--num_machines` > 1 in a launch script) and its master address is a loopback address
+(localhost, 127.x, ::1), the unspecified address (0.0.0.0, ::) or unset/empty. Every other node would
+connect to itself and wait at the rendezvous until it times out. Values the script takes from the
+environment or a command at run time (a hostfile) are not judged; a script that uses MASTER_ADDR without
+ever setting it is "unset".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from mm_agent.validate.job import Job, Launch, to_int
+
+RULE = "multinode.master_addr"
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+_NNODES_FLAGS = ("--nnodes", "--num_machines")
+_ADDR_FLAGS = ("--master_addr", "--main_process_ip")
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "msrun")
+
+
+def unreachable(addr: str | None) -> str | None:
+    """Why `addr` cannot be a multi-node master address (None: it can, as far as a static reading tells)."""
+    if addr is None or not addr.strip():
+        return "unset or empty"
+    text = addr.strip().strip("[]").lower()
+    if text in _LOOPBACK_NAMES or text.endswith(".localhost"):
+        return f"{addr!r} is a loopback name"
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if ip.is_loopback:
+        return f"{addr!r} is a loopback address"
+    if ip.is_unspecified:
+        return f"{addr!r} is the unspecified address"
+    return None
+
+
+def fix_text(job_dir: str = "<job dir>") -> str:
+    return (
+        "set master_addr to the IP address of node 0 that every node can reach: "
+        f"mm-agent render --from {job_dir}/job.yaml --out {job_dir} --master-addr <node-0 ip> --force "
+        "(or render_job with master_addr)"
+    )
+
+
+def check(job: Job) -> None:
+    if _job_yaml(job):
+        return  # the source of the scripts' value is reported; the scripts repeat it
+    for launch in job.launches:
+        _launch(job, launch)
+
+
+def _job_yaml(job: Job) -> bool:
+    flagged = False
+    for cfg in job.configs.values():
+        if cfg.kind != "job_yaml" or not isinstance(cfg.data, dict):
+            continue
+        nnodes = to_int(cfg.data.get("nnodes"))
+        if nnodes is None or nnodes <= 1:
+            continue
+        raw = cfg.data.get("master_addr", "localhost")  # the JobSpec default
+        why = unreachable(raw if isinstance(raw, str) else None)
+        if why is None:
+            continue
+        flagged = True
+        job.sink.error(
+            RULE,
+            str(cfg.path),
+            f"the job runs on {nnodes} nodes but master_addr {why}: the other nodes cannot reach the master",
+            fix_text(str(cfg.path.parent)),
+            field="master_addr",
+            line=cfg.line("master_addr"),
+        )
+    return flagged
+
+
+def _launch(job: Job, launch: Launch) -> None:
+    if launch.cmd.launcher not in _LAUNCHERS:
+        return  # a plain `python` step (a plot, a merge) joins no rendezvous
+    info = launch.script.info
+    flags = launch.cmd.launcher_flags
+    nnodes: int | None = None
+    for flag in _NNODES_FLAGS:
+        if flag in flags:
+            nnodes = to_int(flags[flag][0] if flags[flag] else None)
+            break
+    else:
+        nnodes = to_int(info.env.get("NNODES"))
+    if nnodes is None or nnodes <= 1:
+        return
+    field, addr, known = "MASTER_ADDR", info.env.get("MASTER_ADDR"), "MASTER_ADDR" in info.env
+    for flag in _ADDR_FLAGS:
+        if flag in flags:
+            field, addr, known = flag, (flags[flag][0] if flags[flag] else ""), True
+            break
+    if known and addr is None:
+        return  # read from the environment or a command at run time: not known statically
+    why = unreachable(addr)
+    if why is None:
+        return
+    if "MASTER_ADDR" in info.var_lines:
+        field = "MASTER_ADDR"  # the flag's value comes from the script's variable: report where it is set
+    file, _, line = launch.where(flag=field if field.startswith("--") else None, var="MASTER_ADDR")
+    job.sink.error(
+        RULE,
+        file,
+        f"this launch runs on {nnodes} nodes but its master address {why}: the other nodes cannot reach "
+        "the master",
+        fix_text(str(launch.script.path.parent)),
+        field=field,
+        line=line,
+    )
