@@ -147,8 +147,11 @@ async def crash(d: Driver, ws: Path) -> None:
     await d.call("tail_logs", run_id=run_id)
     if "run_id" in d.schemas["diagnose_errors"].get("properties", {}):
         await d.call("diagnose_errors", run_id=run_id)
-    else:  # early releases read only workspace paths; the run's log lies in the state dir
-        await d.call("diagnose_errors", paths=[status.get("log") or "jobs/crash"])
+    else:  # early releases read only workspace paths: the assistant copies the run's log in first
+        log = Path(status["log"])
+        (ws / "logs").mkdir(exist_ok=True)
+        (ws / "logs" / log.name).write_bytes(log.read_bytes())
+        await d.call("diagnose_errors", paths=[f"logs/{log.name}"])
 
 
 WORKFLOWS: dict[str, Callable[[Driver, Path], Any]] = {"wan": wan, "qwen": qwen, "crash": crash}

@@ -2,8 +2,8 @@
 
 Measures, over real stdio subprocesses:
   * cold start: spawn -> `tools/list` answered (median of --starts runs);
-  * p50/p99 of --calls sequential calls of `route_model` and `validate_configs` (mm-agent) and
-    `get_current_time` (reference).
+  * p50/p99 of --calls rounds, each calling `route_model` and `validate_configs` (mm-agent) and then
+    `get_current_time` (reference) over sessions open side by side, so both see the same machine load.
 Prints the figures and the ratios mm-agent / reference. Goals: cold start < 1 s, p50 within 1.5x.
 
     python benchmarks/mcp_latency.py [--calls 200] [--starts 5]
@@ -37,19 +37,28 @@ async def cold_start(params: StdioServerParameters) -> float:
         return time.perf_counter() - start
 
 
-async def call_latencies(
-    params: StdioServerParameters, tool: str, args: dict[str, Any], n: int
-) -> list[float]:
-    out: list[float] = []
-    async with Client(params) as client:
-        await client.call_tool(tool, args)  # warm-up
+async def interleaved(
+    mm: StdioServerParameters, ref: StdioServerParameters, calls: list[tuple[str, dict[str, Any]]], n: int
+) -> tuple[dict[str, list[float]], list[float]]:
+    """n rounds, each timing every mm-agent call then the reference call, over two open sessions: both
+    servers are measured under the same load (a busy machine slows both, not one of them)."""
+    out: dict[str, list[float]] = {tool: [] for tool, _ in calls}
+    ref_times: list[float] = []
+    async with Client(mm) as m, Client(ref) as r:
+        for tool, args in calls:
+            await m.call_tool(tool, args)  # warm-up
+        await r.call_tool("get_current_time", {"timezone": "UTC"})
         for _ in range(n):
+            for tool, args in calls:
+                t0 = time.perf_counter()
+                result = await m.call_tool(tool, args)
+                out[tool].append(time.perf_counter() - t0)
+                if result.is_error:
+                    raise SystemExit(f"{tool} failed: {result.content}")
             t0 = time.perf_counter()
-            result = await client.call_tool(tool, args)
-            out.append(time.perf_counter() - t0)
-            if result.is_error:
-                raise SystemExit(f"{tool} failed: {result.content}")
-    return out
+            await r.call_tool("get_current_time", {"timezone": "UTC"})
+            ref_times.append(time.perf_counter() - t0)
+    return out, ref_times
 
 
 async def main(calls: int, starts: int) -> None:
@@ -70,11 +79,16 @@ async def main(calls: int, starts: int) -> None:
 
         mm_cold = [await cold_start(mm) for _ in range(starts)]
         ref_cold = [await cold_start(ref) for _ in range(starts)]
-        route = await call_latencies(
-            mm, "route_model", {"request": "fine-tune Wan2.1 text-to-video on 8 NPUs"}, calls
+        timed, ref_calls = await interleaved(
+            mm,
+            ref,
+            [
+                ("route_model", {"request": "fine-tune Wan2.1 text-to-video on 8 NPUs"}),
+                ("validate_configs", {"paths": ["job"]}),
+            ],
+            calls,
         )
-        validate = await call_latencies(mm, "validate_configs", {"paths": ["job"]}, calls)
-        ref_calls = await call_latencies(ref, "get_current_time", {"timezone": "UTC"}, calls)
+        route, validate = timed["route_model"], timed["validate_configs"]
 
     ms = 1000.0
     print(f"{'measure':<34}{'mm-agent':>12}{'mcp-server-time':>18}{'ratio':>9}")

@@ -242,6 +242,10 @@ def _status(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     if not detail:
         data["log_tail"] = [_cut(line) for line in condense(r.log_tail)[-BRIEF_TAIL:]]
         data.pop("report", None)
+        if isinstance(data.get("root_cause"), dict):
+            rc = data["root_cause"]
+            rc["cause"] = _cut(str(rc.get("cause", "")), 200)
+            rc["evidence"] = [_cut(str(e), 160) for e in rc.get("evidence", [])[:3]]
     text = f"run {r.run_id} ({r.kind}{', ' + r.stage if r.stage else ''}): {r.state}. {_cut(r.message, 300)}"
     if r.iteration is not None:
         text += f"\niteration {r.iteration}/{r.total or '?'}, loss {r.last_loss}, ETA {r.eta_s} s"
@@ -256,28 +260,47 @@ def _status(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
 
 
 _ITERATION = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def condense(lines: list[str]) -> list[str]:
-    """Megatron iteration lines collapsed: of a run of them only the first and the last are kept, with a
-    marker line saying how many were left out in between (losses are in job_status)."""
+    """A log tail as an assistant needs it: of a run of Megatron iteration lines only the first and the last,
+    with a marker saying how many were left out (losses are in job_status); of a Python traceback only its
+    first line, its last frame and the exception, with the number of frames left out."""
     out: list[str] = []
     run: list[str] = []
-
-    def flush() -> None:
-        if len(run) <= 2:
-            out.extend(run)
-        else:
-            out.extend([run[0], f"... {len(run) - 2} iteration lines ...", run[-1]])
-        run.clear()
-
-    for line in lines:
+    i = 0
+    while i < len(lines):
+        line = lines[i]
         if _ITERATION.search(line):
             run.append(line)
+            i += 1
             continue
-        flush()
+        if len(run) > 2:
+            out.extend([run[0], f"... {len(run) - 2} iteration lines ...", run[-1]])
+        else:
+            out.extend(run)
+        run = []
+        header = line.startswith(_TRACEBACK)
+        if header or line.startswith((" ", "\t")):  # a traceback, or one whose head was cut off
+            start = i + 1 if header else i
+            end = start
+            while end < len(lines) and lines[end].startswith((" ", "\t")):
+                end += 1
+            body = lines[start:end]
+            frames = [k for k, b in enumerate(body) if b.lstrip().startswith("File ")]
+            left = len(frames) - 1 + (1 if frames and frames[0] > 0 else 0)  # a cut-off frame counts too
+            if frames and left:  # what comes before the last frame, summed up
+                body = [f"  ... {left} frame(s) ...", *body[frames[-1] :]]
+            out += [line, *body] if header else body
+            i = end
+            continue
         out.append(line)
-    flush()
+        i += 1
+    if len(run) > 2:
+        out.extend([run[0], f"... {len(run) - 2} iteration lines ...", run[-1]])
+    else:
+        out.extend(run)
     return out
 
 

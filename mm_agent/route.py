@@ -209,6 +209,7 @@ class _Text:
         self.compact, self.gaps = _compact(self.norm)
         self.pos: list[int] = [i for i, ch in enumerate(self.norm) if ch not in _SEPARATORS]
         self.used = [False] * len(self.norm)
+        self._masked: str | None = None
 
     def find(self, phrase: str, *, strict_digits: bool = False) -> list[tuple[int, int]]:
         """Unconsumed compact spans where `phrase` occurs as a whole word.
@@ -269,10 +270,14 @@ class _Text:
     def consume_norm(self, lo: int, hi: int) -> None:
         for i in range(lo, hi):
             self.used[i] = True
+        self._masked = None
 
     def masked(self) -> str:
-        """Normalised text with consumed characters blanked, for the regex passes."""
-        return "".join(" " if u else ch for ch, u in zip(self.norm, self.used, strict=True))
+        """Normalised text with consumed characters blanked, for the regex passes (built again only after
+        a match consumed something)."""
+        if self._masked is None:
+            self._masked = "".join(" " if u else ch for ch, u in zip(self.norm, self.used, strict=True))
+        return self._masked
 
 
 @dataclass
@@ -307,11 +312,21 @@ def _derived(name: str, source: object, build: Callable[[], T]) -> T:
     return _DERIVED[key][1]
 
 
-def _task_phrases(vocab: Vocabulary) -> list[tuple[str, TaskWords]]:
+def _tasks_by_key(phrases: list[tuple[str, TaskWords, str]]) -> dict[str, list[TaskWords]]:
+    by_key: dict[str, list[TaskWords]] = {}
+    for _, words, key in phrases:
+        by_key.setdefault(key, []).append(words)
+    return by_key
+
+
+def _task_phrases(vocab: Vocabulary) -> list[tuple[str, TaskWords, str]]:
+    """(phrase, its task words, its compact key), longest first."""
     return _derived(
         "tasks",
         vocab,
-        lambda: sorted(((w, t) for t in vocab.tasks for w in t.words), key=lambda p: -len(_compact(p[0])[0])),
+        lambda: sorted(
+            ((w, t, _compact(w)[0]) for t in vocab.tasks for w in t.words), key=lambda p: -len(p[2])
+        ),
     )
 
 
@@ -398,9 +413,7 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
     p = _Parse(text=_Text(text))
     t = p.text
     phrases = _task_phrases(vocab)
-    by_word: dict[str, list[TaskWords]] = {}
-    for w, tw in phrases:
-        by_word.setdefault(_compact(w)[0], []).append(tw)
+    by_word = _derived("by_word", vocab, lambda: _tasks_by_key(phrases))
     index = _hf_index(reg)
     for hf in _HF_ID.finditer(t.norm):
         hf_id = hf.group(1)
@@ -425,30 +438,30 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
         "aliases",
         reg,
         lambda: sorted(
-            ((a, e.id) for e in reg.models.values() for a in {e.id, e.name, *e.aliases}),
-            key=lambda a: -len(_compact(a[0])[0]),
+            ((a, e.id, _compact(a)[0]) for e in reg.models.values() for a in {e.id, e.name, *e.aliases}),
+            key=lambda a: -len(a[2]),
         ),
     )
-    for alias, model_id in aliases:
-        if _compact(alias)[0] in t.compact and t.take(alias):  # the substring test skips most at C speed
+    for alias, model_id, key in aliases:
+        if key in t.compact and t.take(alias):  # the substring test skips most at C speed
             _add(p.models, model_id)
 
     p.sizes = [
         m.group(1) + "b" for m in re.finditer(r"(?<![a-z0-9.])(a?\d+(?:\.\d+)?)b(?![a-z0-9])", t.masked())
     ]
-    for phrase, words in phrases:
-        hits = t.take(phrase) if _compact(phrase)[0] in t.compact else 0
+    for phrase, words, key in phrases:
+        hits = t.take(phrase) if key in t.compact else 0
         p.tasks += [words] * hits
         p.phrases += [phrase] * bool(hits)
     family_phrases = _derived(
         "families",
         vocab,
         lambda: sorted(
-            ((w, f) for f in vocab.families for w in f.words), key=lambda x: -len(_compact(x[0])[0])
+            ((w, f, _compact(w)[0]) for f in vocab.families for w in f.words), key=lambda x: -len(x[2])
         ),
     )
-    for phrase, fw in family_phrases:
-        hits = t.take(phrase) if _compact(phrase)[0] in t.compact else 0
+    for phrase, fw, key in family_phrases:
+        hits = t.take(phrase) if key in t.compact else 0
         p.families += [fw] * hits
         p.phrases += [phrase] * bool(hits)
     if not p.models:
@@ -629,7 +642,7 @@ def _resolve_task(hint: str, vocab: Vocabulary) -> TaskWords:
     if hint.lower() in get_args(TaskId):
         return TaskWords(task=hint.lower(), words=[hint])  # type: ignore[arg-type]
     probe = _Text(hint)
-    for phrase, words in _task_phrases(vocab):
+    for phrase, words, _ in _task_phrases(vocab):
         if probe.find(phrase):
             return TaskWords(task=words.task, words=[hint])
     tasks = sorted({t.task for t in vocab.tasks})

@@ -103,3 +103,26 @@ def test_condense_keeps_the_first_and_last_iteration_line_of_a_run() -> None:
     )
     assert out[2] == "... 48 iteration lines ..."
     assert condense(lines[:3]) == lines[:3]  # two iteration lines stay as they are
+
+
+def test_condense_keeps_a_tracebacks_last_frame_and_exception() -> None:
+    frames = [x for k in range(5) for x in (f'  File "m{k}.py", line {k}, in f{k}', f"    call{k}()")]
+    whole = ["start", "Traceback (most recent call last):", *frames, "ValueError: boom", "end"]
+    assert condense(whole) == [
+        "start",
+        "Traceback (most recent call last):",
+        "  ... 4 frame(s) ...",
+        '  File "m4.py", line 4, in f4',
+        "    call4()",
+        "ValueError: boom",
+        "end",
+    ]
+    # a tail that starts inside a traceback (its head was cut off): the partial frames are summed up too
+    cut = ["    result = agent.run()", "             ^^^^", *frames[:4], "KeyError: 'x'"]
+    assert condense(cut) == [
+        "  ... 2 frame(s) ...",
+        '  File "m1.py", line 1, in f1',
+        "    call1()",
+        "KeyError: 'x'",
+    ]
+    assert condense(["  just indented", "text"]) == ["  just indented", "text"]  # no frames: kept as it is
