@@ -45,17 +45,18 @@ def _dump(result: BaseModel, **kwargs: Any) -> dict[str, Any]:
 
 # ---- per result type -----------------------------------------------------------------------------------
 def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
-    data = _dump(r)
+    data = _dump(r, exclude={"candidates"})
     data["question"] = r.question  # the contract: always present, null when none
-    cands = data.get("candidates", [])
-    if not detail and cands:
-        top = dict(cands[0])
+    if r.candidates:  # the best one in full but its stages' commands; the others one line each
+        first = r.candidates[0]
+        top: dict[str, Any] = compact(first.model_dump(mode="json", exclude={"pipeline", "explanation"}))
         top["pipeline"] = [
-            {"stage": s["stage"], "applies": s.get("applies", False), "summary": s.get("summary", "")}
-            for s in top.get("pipeline", [])
+            {"stage": s.stage, "applies": s.applies, "summary": s.summary} for s in first.pipeline
         ]
-        keep = ("model_id", "task", "backend", "size", "npus_per_node", "nnodes", "entry_script", "score")
-        data["candidates"] = [top] + [{k: c[k] for k in keep if k in c} for c in cands[1:]]
+        keep = {"model_id", "task", "backend", "size", "npus_per_node", "nnodes", "entry_script", "score"}
+        data["candidates"] = [top] + [
+            compact(c.model_dump(mode="json", include=keep)) for c in r.candidates[1:]
+        ]
     lines = []
     if r.question:
         lines.append(f"Question: {r.question}")
@@ -66,7 +67,7 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
             f"{head}: {c.model_id} {c.task} ({c.backend}, size {c.size}, {where}) via {c.entry_script}"
         )
     if r.candidates and not r.question:
-        lines.append(f"Why: {_cut(r.candidates[0].explanation)}")
+        lines.append(f"Why: {r.candidates[0].explanation}")  # (only here: the data leaves it out)
         lines.append(f"Next: install_deps model={r.candidates[0].model_id}, then render_job (dry run).")
     if len(r.candidates) > 5:
         lines.append(f"... {len(r.candidates) - 5} more candidates in the data.")

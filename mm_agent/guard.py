@@ -1,16 +1,18 @@
 """How the MCP server runs every core function: off the event loop, bounded in time and in number.
 
-Each call runs on a daemon thread of its own with the operator's allowed roots in force, at most
-`threads` at a time (the rest wait their turn, within their own time limit). A call that runs out of time
-is answered with an error naming the limit at once, and its slot is freed; the thread is abandoned and
-finishes on its own (every write mm-agent makes is atomic). The threads are daemons, so even work stuck
-in the kernel cannot keep the server from exiting, and stuck calls can never take its threads away.
+Each call runs on a daemon thread with the operator's allowed roots in force, at most `threads` at a time
+(the rest wait their turn, within their own time limit). A call that runs out of time is answered with an
+error naming the limit at once, and its slot is freed; its thread is abandoned and finishes on its own
+(every write mm-agent makes is atomic). The threads are daemons, so even work stuck in the kernel cannot
+keep the server from exiting, and stuck calls can never take its threads away: a finished thread waits
+for the next call (starting one costs more than a short call), a new one starts when none is free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +48,41 @@ def _settle(
         loop.call_soon_threadsafe(settle)
 
 
+class _Threads:
+    """Daemon threads kept between calls. `submit` hands a job to a free one, or starts one when none is
+    free; a thread whose call was abandoned is simply not free until that call ends; a free thread ends
+    after `idle_s` without work."""
+
+    def __init__(self, idle_s: float = 30.0) -> None:
+        self.idle_s = idle_s
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._free = 0
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._free:
+                self._free -= 1  # a free thread takes it
+                self._jobs.put(job)
+                return
+        threading.Thread(target=self._serve, args=(job,), name="mm-agent-call", daemon=True).start()
+
+    def _serve(self, job: Callable[[], None]) -> None:
+        while True:
+            job()  # never raises: Guard.run's work() hands every outcome over
+            with self._lock:
+                self._free += 1
+            try:
+                job = self._jobs.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    try:  # a job queued just as the wait ran out is still this thread's to run
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        self._free -= 1
+                        return
+
+
 class Guard:
     def __init__(
         self, allowed: tuple[Path, ...], timeout_s: float = TOOL_TIMEOUT_S, threads: int = THREADS
@@ -54,6 +91,7 @@ class Guard:
         self.timeout_s = timeout_s
         self.threads = threads
         self._limiter: anyio.CapacityLimiter | None = None
+        self._threads = _Threads()
 
     async def run(
         self, fn: Callable[[], T], wrap: Callable[[Callable[[], T]], T], timeout_s: float | None = None
@@ -77,7 +115,7 @@ class Guard:
         try:
             with anyio.fail_after(limit):
                 async with self._limiter:
-                    threading.Thread(target=work, name="mm-agent-call", daemon=True).start()
+                    self._threads.submit(work)
                     return await done
         except TimeoutError:
             raise ToolError(
