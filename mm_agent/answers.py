@@ -20,6 +20,7 @@ BRIEF_FINDINGS = 12  # validation / diagnosis findings shown without detail
 BRIEF_EVIDENCE = 2  # evidence lines per diagnosis finding
 BRIEF_CHARS = 240  # one evidence or log line, cut
 BRIEF_TAIL = 8  # log lines in job_status without detail
+BRIEF_TAIL_FAILED = 3  # ... when it names a root cause
 BRIEF_PER_RULE = 3  # validation findings of one rule shown without detail
 DETAIL_HINT = "detail=true for everything"
 
@@ -241,7 +242,14 @@ def _doctor(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
 def _status(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     if not detail:
-        data["log_tail"] = [_cut(line) for line in condense(r.log_tail)[-BRIEF_TAIL:]]
+        if isinstance(data.get("progress"), dict) and data["progress"].get("message") == r.message:
+            data["progress"].pop("message")  # said once, as `message`
+        if r.state != "running":  # the process handles and the run folder matter only while it runs
+            for key in ("supervisor_pid", "pgid", "run_dir"):
+                data.pop(key, None)
+        # with a root cause the tail only backs it up (tail_logs has the rest)
+        keep = BRIEF_TAIL_FAILED if r.root_cause is not None else BRIEF_TAIL
+        data["log_tail"] = [_cut(line) for line in condense(r.log_tail)[-keep:]]
         data.pop("report", None)
         if isinstance(data.get("root_cause"), dict):
             rc = data["root_cause"]
@@ -331,6 +339,9 @@ def _models(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
 
 def _launch(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
+    if not detail and r.status == "started":  # the command is what a dry run shows; a started run has its id
+        for key in ("argv", "env", "checked"):
+            data.pop(key, None)
     text = f"{r.status}: {r.stage} of {r.job_dir} ({r.runtime}). {_cut(r.message, 300)}"
     if r.run_id:
         text += f"\nrun_id {r.run_id}: follow with job_status, read with tail_logs, stop with stop_job."

@@ -257,7 +257,7 @@ DETAIL = inspect.Parameter(
     "detail",
     inspect.Parameter.KEYWORD_ONLY,
     default=False,
-    annotation=Annotated[bool, Field(description="full result, not a summary")],
+    annotation=Annotated[bool, Field(description="full result")],
 )
 
 
@@ -334,8 +334,8 @@ def compact_schema(schema: Any) -> Any:
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if (key == "title" and isinstance(value, str)) or (key == "default" and value is None):
-            continue
+        if (key == "title" and isinstance(value, str)) or (key == "default" and value in (None, False)):
+            continue  # (a flag left out is false; an optional value left out is null)
         if key in ("properties", "$defs") and isinstance(value, dict):
             out[key] = {k: compact_schema(v) for k, v in value.items()}
         else:
