@@ -3,8 +3,10 @@
 Every character a tool returns lands in a context window, so the MCP face does not send the core's full result
 model by default. `answer(result, detail)` gives (text, data): `text` is a few lines a person would write,
 `data` the result with empty fields dropped and its bulk (pipeline commands, install verify commands and
-script, file contents, info findings, passing checks, long log tails) left for `detail=true`. With
-`detail=true` data is the whole model, every field included. The CLI's `--json` keeps printing the whole model.
+script, file contents, info findings, passing checks, long log tails) left for `detail=true`. Nothing is said
+twice: the prose the text states (a run's message, a diagnosis' cause) is not repeated in the data, and the
+lists the data holds (next steps, findings) are only counted or begun in the text. With `detail=true` data
+is the whole model, every field included. The CLI's `--json` keeps printing the whole model.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ BRIEF_FINDINGS = 12  # validation / diagnosis findings shown without detail
 BRIEF_EVIDENCE = 2  # evidence lines per diagnosis finding
 BRIEF_CHARS = 240  # one evidence or log line, cut
 BRIEF_TAIL = 8  # log lines in job_status without detail
-BRIEF_TAIL_FAILED = 3  # ... when it names a root cause
 BRIEF_PER_RULE = 3  # validation findings of one rule shown without detail
 DETAIL_HINT = "detail=true for everything"
 
@@ -130,7 +131,10 @@ def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
             if f.kind == "shell" and f.content:
                 for name, value in _KEY_VARS.findall(f.content):
                     values.setdefault(name, value.strip())
-        data["files"] = [{"path": f.path, "bytes": f.bytes} for f in r.files]
+        if r.status == "dry_run":  # what would be written; once written, the folder holds them
+            data["files"] = [f.path for f in r.files]
+        else:
+            data.pop("files", None)
         if values:
             data["key_values"] = values
     verb = {
@@ -147,7 +151,7 @@ def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         text += "\nconfirm=true writes them"
         text += "." if detail else "; file texts: detail=true, or read mm-agent://jobs/<path> once written."
     if r.next_steps:
-        text += "\nNext: " + "; ".join(r.next_steps[:3]) + (" ..." if len(r.next_steps) > 3 else "")
+        text += f"\nnext_steps: {len(r.next_steps)} commands in order, first: {r.next_steps[0]}"
     return text, data
 
 
@@ -180,25 +184,44 @@ def _validate(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     return text, data
 
 
-def _diagnose_finding(f: Any) -> dict[str, Any]:
-    d: dict[str, Any] = compact(f.model_dump(mode="json", exclude={"docs", "env_vars"}))
-    d["evidence"] = [
-        compact(e.model_dump(mode="json")) | {"text": _cut(e.text)}
+def _root_cause(f: Any) -> dict[str, Any]:
+    """The root-cause finding, brief: what it is, where it was seen (`file:line: text`), how to fix it. Its
+    category is the report's own; the cause is in the text."""
+    d: dict[str, Any] = compact(
+        f.model_dump(mode="json", include={"rule_id", "title", "ranks", "first_seen", "fixes", "env_vars"})
+    )
+    d["evidence"] = [  # a line that only says the title again: where it is
+        f"{e.file}:{e.line}" + ("" if f.title in e.text else f": {_cut(e.text)}")
         for e in f.evidence[:BRIEF_EVIDENCE]
-        if hasattr(e, "text")
-    ] or d.get("evidence", [])[:BRIEF_EVIDENCE]
+    ]
+    if f.count > 1:
+        d["count"] = f.count
     return d
 
 
 def _diagnose(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     if not detail:
-        data["root_cause"] = _diagnose_finding(r.root_cause) if r.root_cause is not None else None
-        data["findings"] = [
-            {"rule_id": f.rule_id, "title": f.title, "role": f.role, "count": f.count, "ranks": f.ranks[:8]}
-            for f in r.findings[:BRIEF_FINDINGS]
+        if r.root_cause is not None:
+            data["root_cause"] = _root_cause(r.root_cause)
+        rest = [f for f in r.findings if f != r.root_cause]
+        data["other_findings"] = [
+            compact(
+                {
+                    "rule_id": f.rule_id,
+                    "title": f.title,
+                    "role": f.role,
+                    "count": f.count,
+                    "ranks": f.ranks[:8],
+                }
+            )
+            for f in rest[:BRIEF_FINDINGS]
         ]
-        data["findings"] = [compact(f) for f in data["findings"]]
+        data.pop("findings", None)
+        if isinstance(data.get("progress"), dict) and not any(
+            v for k, v in data["progress"].items() if k != "loss_trend" or v != "unknown"
+        ):
+            data.pop("progress")  # nothing learnt about progress
         data["files"] = r.files[:5]
         if len(r.files) > 5:
             data["files_more"] = len(r.files) - 5
@@ -209,7 +232,7 @@ def _diagnose(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         text = f"Root cause: {rc.title} ({rc.category}, {rc.rule_id})"
         if rc.ranks:
             text += f" on rank(s) {', '.join(map(str, rc.ranks[:8]))}"
-        text += f".\nCause: {_cut(rc.cause, 300)}"
+        text += f".\nCause: {_cut(rc.cause, 400)}"
         if rc.fixes:
             text += f"\nFix: {_cut(getattr(rc.fixes[0], 'text', str(rc.fixes[0])), 300)}"
     others = len(r.findings) - (1 if r.root_cause is not None else 0)
@@ -242,40 +265,51 @@ def _doctor(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
 def _status(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     if not detail:
-        if isinstance(data.get("progress"), dict) and data["progress"].get("message") == r.message:
-            data["progress"].pop("message")  # said once, as `message`
+        data.pop("message", None)  # (the text says it)
+        if r.kind != "convert":  # a job's progress mirrors iteration/extract_done; a conversion has only it
+            data.pop("progress", None)
         if r.state != "running":  # the process handles and the run folder matter only while it runs
-            for key in ("supervisor_pid", "pgid", "run_dir"):
+            for key in ("supervisor_pid", "pgid", "run_dir", "master_port"):
                 data.pop(key, None)
-        # with a root cause the tail only backs it up (tail_logs has the rest)
-        keep = BRIEF_TAIL_FAILED if r.root_cause is not None else BRIEF_TAIL
-        data["log_tail"] = [_cut(line) for line in condense(r.log_tail)[-keep:]]
+        # with a root cause its evidence backs it up; the tail (tail_logs has it) only without one
+        if r.root_cause is None:
+            data["log_tail"] = [_cut(line) for line in condense(r.log_tail)[-BRIEF_TAIL:]]
+        else:
+            data.pop("log_tail", None)
         data.pop("report", None)
         if isinstance(data.get("root_cause"), dict):
             rc = data["root_cause"]
-            rc["cause"] = _cut(str(rc.get("cause", "")), 200)
-            rc["evidence"] = [_cut(str(e), 160) for e in rc.get("evidence", [])[:3]]
+            rc.pop("cause", None)  # diagnose_errors explains; the fix is here
+            rc.pop("category", None)  # (as a diagnosis' own category, in diagnose_errors)
+            rc["evidence"] = [  # the line that says the title again left out
+                _cut(str(e), 160) for e in rc.get("evidence", [])[:3] if r.root_cause.title not in e
+            ]
     text = f"run {r.run_id} ({r.kind}{', ' + r.stage if r.stage else ''}): {r.state}. {_cut(r.message, 300)}"
     if r.iteration is not None:
         text += f"\niteration {r.iteration}/{r.total or '?'}, loss {r.last_loss}, ETA {r.eta_s} s"
     if r.root_cause is not None:
         rc = r.root_cause
-        text += f"\nRoot cause: {getattr(rc, 'title', '')}"
-        fixes = getattr(rc, "fixes", None) or []
-        if fixes:
-            first = fixes[0]
-            text += f"\nFix: {_cut(getattr(first, 'text', str(first)), 300)}"
+        if rc.title not in r.message:
+            text += f"\nRoot cause: {rc.title}"
+        if rc.fixes:
+            text += f"\nFix: {_cut(rc.fixes[0].text, 300)}"
+        if not detail:
+            text += "\nWhy it happened: diagnose_errors run_id; the log: tail_logs."
     return text, data
 
 
 _ITERATION = re.compile(r"\biteration\s+\d+\s*/\s*\d+")
 _TRACEBACK = "Traceback (most recent call last):"
+_SITE = re.compile(
+    r'(?<=File ")[^"]*/(?=(?:site|dist)-packages/)'
+)  # an installed package's frame: its folder
 
 
 def condense(lines: list[str]) -> list[str]:
     """A log tail as an assistant needs it: of a run of Megatron iteration lines only the first and the last,
     with a marker saying how many were left out (losses are in job_status); of a Python traceback only its
-    first line, its last frame and the exception, with the number of frames left out."""
+    first line, its last frame and the exception, with the number of frames left out, and an installed
+    package's frame without the folder the package lies in (`…/site-packages/torch/...`)."""
     out: list[str] = []
     run: list[str] = []
     i = 0
@@ -301,6 +335,7 @@ def condense(lines: list[str]) -> list[str]:
             left = len(frames) - 1 + (1 if frames and frames[0] > 0 else 0)  # a cut-off frame counts too
             if frames and left:  # what comes before the last frame, summed up
                 body = [f"  ... {left} frame(s) ...", *body[frames[-1] :]]
+            body = [_SITE.sub("…/", b) for b in body]
             out += [line, *body] if header else body
             i = end
             continue
@@ -317,10 +352,9 @@ def _tail(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     lines = r.lines if detail else [_cut(line) for line in condense(r.lines)]
     data["lines"] = lines
-    return (
-        f"{len(lines)} line(s) of {r.log} ({r.size_bytes} bytes); last: {_cut(lines[-1]) if lines else '-'}",
-        data,
-    )
+    if not detail:
+        data.pop("log", None)  # (the text names it)
+    return f"{len(lines)} line(s) of {r.log} ({r.size_bytes} bytes), in `lines`.", data
 
 
 def _models(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
@@ -339,12 +373,15 @@ def _models(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
 
 def _launch(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
-    if not detail and r.status == "started":  # the command is what a dry run shows; a started run has its id
-        for key in ("argv", "env", "checked"):
-            data.pop(key, None)
-    text = f"{r.status}: {r.stage} of {r.job_dir} ({r.runtime}). {_cut(r.message, 300)}"
-    if r.run_id:
-        text += f"\nrun_id {r.run_id}: follow with job_status, read with tail_logs, stop with stop_job."
+    if r.run_id:  # started: what matters now is its id and log (the command is what a dry run showed)
+        text = f"started {r.stage} run {r.run_id} for {r.job_dir} ({r.runtime}); log {r.log}."
+        text += "\nFollow it with job_status, read it with tail_logs, stop it with stop_job."
+        if not detail:
+            data = {k: v for k, v in data.items() if k in ("status", "run_id", "stage", "job_dir", "log")}
+        return text, data
+    text = f"{r.status}: {r.stage} of {r.job_dir} ({r.runtime}). {_cut(r.message, 600)}"
+    if not detail:
+        data.pop("message", None)  # (the text says it)
     return text, data
 
 
@@ -366,6 +403,31 @@ def _convert(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     return text, data
 
 
+BRIEF_REJECTED = 10  # rejected dataset items listed without detail (stats.reasons counts them all)
+_LIMIT_KEYS = ("source", "num_frames", "max_height", "max_width", "max_hxw", "text_len", "global_batch_size")
+
+
+def _dataset(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    data = _dump(r)
+    data["written"] = r.written  # the contract: always present, null on a dry run
+    if not detail:
+        data["rejected"] = data.get("rejected", [])[:BRIEF_REJECTED]
+        if len(r.rejected) > BRIEF_REJECTED:
+            data["rejected_more"] = len(r.rejected) - BRIEF_REJECTED
+        data["limits"] = {k: v for k, v in data.get("limits", {}).items() if k in _LIMIT_KEYS}
+        data["warnings"] = [_cut(w, 300) for w in r.warnings]
+    where = f"wrote {r.written}" if r.written else f"dry run, would write {r.index}"
+    text = f"{r.kind}: {r.accepted} accepted, {len(r.rejected)} rejected of {r.stats.found} ({where})."
+    if r.stats.reasons:
+        top = sorted(r.stats.reasons.items(), key=lambda kv: -kv[1])[:4]
+        text += "\nRejected by reason: " + ", ".join(f"{k} {n}" for k, n in top) + " (each with its fix)."
+    if r.warnings:
+        text += f"\n{len(r.warnings)} warning(s), first: {_cut(r.warnings[0], 200)}"
+    if r.next_steps:
+        text += f"\nNext: {r.next_steps[0]}"
+    return text, data
+
+
 def _generic(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     message = getattr(r, "message", None) or getattr(r, "status", None) or type(r).__name__
@@ -384,6 +446,7 @@ _SHAPERS: dict[str, Callable[[Any, bool], tuple[str, dict[str, Any]]]] = {
     "ModelList": _models,
     "StageLaunch": _launch,
     "ConvertReport": _convert,
+    "DatasetResult": _dataset,
 }
 
 

@@ -12,7 +12,7 @@ from mm_agent.registry.schema import Backend, Family
 class ListModelsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    family: Family | None = Field(default=None, description="vlm, generative, omni, audio or post-training")
+    family: Family | None = None
     task: Name | None = Field(default=None, description="only models with this task, e.g. t2v, sft, dpo")
     backend: Backend | None = Field(default=None, description="only models with a task on this backend")
     mm_version: Name | None = Field(

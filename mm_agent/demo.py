@@ -34,6 +34,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from mm_agent.convert import ConvertRequest, convert_weights, final_report
+from mm_agent.dataset import DatasetRequest, prepare_dataset
 from mm_agent.diagnose import DiagnoseRequest, diagnose_errors
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs import JobStatus, StageRequest, start_stage, stop_job, wait_job
@@ -297,13 +298,42 @@ class _Demo:
         out = self.run / "dataset"
         size = ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH)]
         self._synth(
-            ["dataset", str(out), "--count", str(self.req.clips), *size, "--seed", str(self.req.seed)]
+            [
+                "dataset",
+                str(out),
+                "--count",
+                str(self.req.clips),
+                *size,
+                "--seed",
+                str(self.req.seed),
+                "--sidecars",
+            ]
         )
+        # the index is built as a user's would be: prepare_dataset probes the clips and writes data.json
+        prepared = prepare_dataset(
+            DatasetRequest(
+                dir=str(out),
+                model="wan2.1",
+                task="t2v",
+                runtime="bundled",
+                num_frames=FRAMES,
+                max_height=HEIGHT,
+                max_width=WIDTH,
+                confirm=True,
+            )
+        )
+        if prepared.accepted != self.req.clips:
+            bad = "; ".join(f"{r.path}: {r.reason}" for r in prepared.rejected[:3])
+            raise MMAgentError(
+                f"prepare_dataset accepted {prepared.accepted} of {self.req.clips} synthetic clips ({bad})",
+                fix="report this: the synthetic clips should all pass",
+            )
         index = out / "data.json"
         self.art.dataset = str(index)
         caps = {r["cap"] for r in json.loads(index.read_text(encoding="utf-8"))}
         return (
-            f"{self.req.clips} mp4 clips ({FRAMES} frames, {WIDTH}x{HEIGHT}), {len(caps)} distinct captions"
+            f"{self.req.clips} mp4 clips ({FRAMES} frames, {WIDTH}x{HEIGHT}), {len(caps)} distinct captions, "
+            f"indexed by prepare_dataset"
         )
 
     def weights(self) -> str:

@@ -48,12 +48,10 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Name = Field(description="registry id, e.g. wan2.1, qwen2.5vl")
-    task: TaskId = Field(description="t2v, i2v, sft, ...")
-    backend: Backend | None = Field(default=None, description="pick among the model's backends for the task")
+    task: TaskId = Field(description="what to train (see list_models)")
+    backend: Backend | None = Field(default=None, description="default: the model's first for the task")
     size: Name | None = Field(default=None, description="model size id, e.g. 1.3b, 14b, 3b (default: first)")
-    mm_version: Name | None = Field(
-        default=None, description="MindSpeed-MM version (default: registry default)"
-    )
+    mm_version: Name | None = Field(default=None, description="default: the registry's")
     mm_root: PathText = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout the scripts cd into")
     weights_dir: PathText | None = Field(default=None, description="downloaded HF weights directory")
     load_path: PathText | None = Field(default=None, description="converted checkpoint dir (LOAD_PATH)")
@@ -80,25 +78,15 @@ class JobSpec(BaseModel):
     pipeline_num_layers: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
         default=None, max_length=1024, description="layers per PP stage"
     )
-    train_iters: int | None = Field(
-        default=None, ge=1, le=1_000_000_000, description="training iterations (default: the stock example's)"
-    )
-    lr: float | None = Field(
-        default=None,
-        gt=0,
-        le=10,
-        allow_inf_nan=False,
-        description="learning rate (default: the stock example's)",
-    )
+    train_iters: int | None = Field(default=None, ge=1, le=1_000_000_000, description="training iterations")
+    lr: float | None = Field(default=None, gt=0, le=10, allow_inf_nan=False, description="learning rate")
     recompute: bool = True
-    num_workers: int | None = Field(
-        default=None, ge=0, le=64, description="DataLoader workers per rank (default: the stock example's)"
-    )
+    num_workers: int | None = Field(default=None, ge=0, le=64, description="DataLoader workers per rank")
     save_interval: int | None = Field(
         default=None,
         ge=1,
         le=1_000_000_000,
-        description="iterations between checkpoints (default: the stock example's)",
+        description="iterations between checkpoints",
     )
     runtime: Runtime = Field(
         default="mindspeed-mm",

@@ -87,7 +87,7 @@ class RouteRequest(_Strict):
         default="",
         max_length=REQUEST_CHARS,
         validation_alias=AliasChoices("request", "text"),
-        description="the request in words, English or Chinese (a sentence or two)",
+        description="the user's request, English or Chinese",
     )
     model: Name | None = Field(default=None, description="model id, alias or HF id; overrides the text")
     task: Name | None = Field(default=None, description="task id or task phrase; overrides the text")

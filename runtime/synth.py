@@ -196,8 +196,11 @@ def make_dataset(
     width: int = 64,
     fps: int = 16,
     seed: int = 0,
+    sidecars: bool = False,
 ) -> Path:
     """Write `count` clips under `out/videos/{set_a,set_b}/clipNNNN.mp4` and `out/data.json`; returns the json.
+    With `sidecars`, each clip's caption goes to `clipNNNN.txt` beside it instead and no index is written
+    (what a user's folder looks like: `mm-agent dataset` builds the index); returns `out`.
 
     Clips alternate between the two folders with the same numbering, so basenames repeat across folders.
     """
@@ -207,7 +210,11 @@ def make_dataset(
         video, cap = _frames(rng, frames, height, width)
         rel = f"videos/set_{'ab'[i % 2]}/clip{i // 2:04d}.mp4"
         write_mp4(out / rel, video, fps)
+        if sidecars:
+            (out / rel).with_suffix(".txt").write_text(cap + "\n", encoding="utf-8")
         clips.append(Clip(rel, cap, frames, fps, height, width))
+    if sidecars:
+        return out
     records = [
         {
             "path": c.path,
@@ -329,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--height", type=int, default=64)
     d.add_argument("--width", type=int, default=64)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--sidecars", action="store_true", help="captions as clip.txt files, no data.json")
     c = sub.add_parser("configs", help="MindSpeed-MM feature-extraction configs for a dataset + weights")
     c.add_argument("out", type=Path)
     c.add_argument("--dataset", type=Path, required=True, help="folder holding data.json (from `dataset`)")
@@ -354,7 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             make_dataset(
-                args.out, args.count, frames=args.frames, height=args.height, width=args.width, seed=args.seed
+                args.out,
+                args.count,
+                frames=args.frames,
+                height=args.height,
+                width=args.width,
+                seed=args.seed,
+                sidecars=args.sidecars,
             )
         )
     return 0

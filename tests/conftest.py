@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,12 @@ import pytest
 
 from mm_agent.jobs import list_jobs, stop_job
 from mm_agent.runs import runs_dir
+
+# A shell without job control starts background commands (`.ci/run &`) with SIGINT ignored, and children
+# inherit that: the CLI under test would then never see the Ctrl-C the tests send it. Handled (not ignored)
+# here, SIGINT is back to its default in every process the tests start, as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -526,7 +526,7 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-async def test_mcp_check_environment_and_stop_process(
+async def test_mcp_check_environment_and_stop_by_pid(
     tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     ws = tmp_path / "ws"
@@ -556,8 +556,8 @@ async def test_mcp_check_environment_and_stop_process(
         r = await client.call_tool("check_environment", args("check_environment", python="/usr/bin/python3"))
         assert r.is_error and "outside the workspace" in r.content[0].text  # type: ignore[union-attr]
 
-        r = await client.call_tool("stop_process", args("stop_process", pid=own_pid))
+        r = await client.call_tool("stop_job", args("stop_job", pid=own_pid))
         assert not r.is_error and r.structured_content["status"] == "dry_run"
-        r = await client.call_tool("stop_process", args("stop_process", pid=other_pid, confirm=True))
+        r = await client.call_tool("stop_job", args("stop_job", pid=other_pid, confirm=True))
         assert r.is_error and "not started by mm-agent" in r.content[0].text  # type: ignore[union-attr]
     assert all(p.poll() is None for p in started), "neither a dry run nor a refusal signals anything"

@@ -24,7 +24,7 @@ TOOLS = {
     "validate_configs",
     "diagnose_errors",
     "check_environment",
-    "stop_process",
+    "prepare_dataset",
     "install_deps",
     "convert_weights",
     "extract_features",
@@ -55,7 +55,7 @@ HINT_DEFAULTS = {
     "idempotent_hint": False,
     "open_world_hint": True,
 }
-TOOLS_LIST_BUDGET = 20_000  # characters of compact JSON every client reads before the first call
+TOOLS_LIST_BUDGET = 16_000  # characters of compact JSON every client reads before the first call
 
 
 def _hints(tool: Any) -> dict[str, bool]:
@@ -102,6 +102,17 @@ async def test_unknown_and_old_style_arguments_are_refused_with_the_names(worksp
 
 
 @pytest.mark.anyio
+async def test_stop_job_takes_a_run_or_a_pid_never_both(workspace: Path) -> None:
+    """One stop tool, as `mm-agent stop RUN_ID|PID`: exactly one target, and a PID only of mm-agent's own."""
+    async with Client(build_server(workspace)) as client:
+        for args in ({}, {"run_id": "train-1", "pid": 1}):
+            r = await client.call_tool("stop_job", args)
+            assert r.is_error and "exactly one of run_id" in r.content[0].text, args  # type: ignore[union-attr]
+        r = await client.call_tool("stop_job", {"pid": 1, "confirm": True})
+        assert r.is_error and "not started by mm-agent" in r.content[0].text  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_route_render_validate_flow(workspace: Path, mode: str) -> None:
     async with Client(build_server(workspace), mode=mode, raise_exceptions=True) as client:
@@ -117,7 +128,7 @@ async def test_route_render_validate_flow(workspace: Path, mode: str) -> None:
         assert not dry.is_error and dry.structured_content["status"] == "dry_run"  # type: ignore[index]
         assert not (workspace / "jobs").exists(), "a dry run must not write anything"
         brief = dry.structured_content
-        assert "pretrain.sh" in {f["path"] for f in brief["files"]}  # type: ignore[index]
+        assert "pretrain.sh" in brief["files"]  # type: ignore[index]  (names only without detail)
         assert brief["key_values"]["NPUS_PER_NODE"] == "8", brief  # type: ignore[index]
         assert "confirm=true" in dry.content[0].text  # type: ignore[union-attr]
         full = await client.call_tool("render_job", {**req, "detail": True})
@@ -213,7 +224,7 @@ INSPECTOR_CALLS: dict[str, tuple[list[str], str]] = {
     "validate_configs": (['paths=["jobs"]'], "error(s)"),
     "diagnose_errors": (["text=RuntimeError: Bus error (core dumped)"], "Root cause"),
     "check_environment": (['checks=["shm"]'], "ok"),
-    "stop_process": (["pid=1"], "PID 1"),
+    "prepare_dataset": (["dir=.", "model=wan2.1"], "rejected"),
     "install_deps": (["model=wan2.1"], "install steps for wan2.1"),
     "convert_weights": (["converter=WanConverter", "method=hf_to_mm", "source=w", "target=w-mm"], "source"),
     "extract_features": (["job_dir=jobs/none"], "job directory not found"),
@@ -221,22 +232,24 @@ INSPECTOR_CALLS: dict[str, tuple[list[str], str]] = {
     "job_status": (["run_id=no-such-run"], "no-such-run"),
     "tail_logs": (["run_id=no-such-run", "lines=5"], "no-such-run"),
     "stop_job": (["run_id=no-such-run"], "no-such-run"),
+    "stop_job pid": (["pid=1"], "PID 1"),
 }
 
 
 @pytest.mark.slow
 def test_inspector_cli_calls_every_tool_with_flat_arguments(workspace: Path) -> None:
-    assert set(INSPECTOR_CALLS) == TOOLS
+    assert {label.split()[0] for label in INSPECTOR_CALLS} == TOOLS  # "stop_job pid": a second call
     listed = _inspector(workspace, "--method", "tools/list")
     assert listed.returncode == 0, listed.stderr
     assert {t["name"] for t in json.loads(listed.stdout)["tools"]} == TOOLS
 
-    def call(name: str) -> tuple[str, subprocess.CompletedProcess[str]]:
-        args = [a for arg in INSPECTOR_CALLS[name][0] for a in ("--tool-arg", arg)]
-        return name, _inspector(workspace, "--method", "tools/call", "--tool-name", name, *args)
+    def call(label: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        args = [a for arg in INSPECTOR_CALLS[label][0] for a in ("--tool-arg", arg)]
+        tool = label.split()[0]
+        return label, _inspector(workspace, "--method", "tools/call", "--tool-name", tool, *args)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = dict(pool.map(call, sorted(TOOLS)))
+        results = dict(pool.map(call, sorted(INSPECTOR_CALLS)))
     for name, done in results.items():
         assert done.returncode in (0, 5), f"{name}: {done.stderr}"  # 5 = the tool returned isError
         payload = json.loads(done.stdout)

@@ -52,7 +52,7 @@ TOOL_CLI = {
     "stop_job": "stop",
     "diagnose_errors": "diagnose",
     "list_models": "models",
-    "stop_process": "stop",
+    "prepare_dataset": "dataset",
 }
 # Root-cause categories fixed by changing the job (re-render); the others are checked on the machine.
 JOB_CAUSES = {
@@ -304,6 +304,29 @@ async def render_job(walk: Walk, step: WorkflowStep) -> str:
     return f"{result['status']} {len(result['files'])} files"
 
 
+async def prepare_dataset(walk: Walk, step: WorkflowStep) -> str:
+    if "job_dir" in walk.state:
+        return "skip: the dataset was prepared before the first render"
+    render = walk.inputs["render"]
+    req: dict[str, Any] = {
+        "dir": render["dataset_dir"],
+        "model": walk.state["model"],
+        "task": walk.state["task"],
+    }
+    if "{runtime}" in step.cli:
+        req["runtime"] = walk.inputs["runtime"]
+    if "{dataset_index}" in step.cli:
+        req["index"] = walk.inputs["dataset_index"]
+    for name in ("num_frames", "max_height", "max_width", "text_len"):  # what the job will be rendered with
+        if name in render:
+            req[name] = render[name]
+    result, done = await walk.mutate(step, req)
+    assert result["accepted"] > 0 and not result["rejected"], result["rejected"]
+    assert done, "the index must be written for render and validate"
+    assert result["written"] == str(walk.inputs["root"] / render["dataset_file"]), result["written"]
+    return f"{result['status']}: {result['accepted']} item(s)"
+
+
 async def validate_configs(walk: Walk, step: WorkflowStep) -> str:
     report = await walk.call(step.tool, {"paths": [walk.state["job_dir"]]})
     errors = [f"{f['rule']}: {f['message']}" for f in report["findings"] if f["severity"] == "error"]
@@ -360,6 +383,7 @@ DRIVERS: dict[str, Driver] = {
     "convert_weights": convert_weights,
     "job_status": job_status,
     "render_job": render_job,
+    "prepare_dataset": prepare_dataset,
     "validate_configs": validate_configs,
     "extract_features": _stage,
     "launch_training": _stage,
@@ -397,7 +421,16 @@ def wan_inputs(ws: Path) -> Path:
     pytest.importorskip("diffusers")
     for args in (
         ["weights", str(ws / "weights"), "--seed", "0"],
-        ["dataset", str(ws / "dataset"), "--count", str(CLIPS), "--frames", str(FRAMES), *SIZE_ARGS],
+        [
+            "dataset",
+            str(ws / "dataset"),
+            "--count",
+            str(CLIPS),
+            "--frames",
+            str(FRAMES),
+            *SIZE_ARGS,
+            "--sidecars",
+        ],
     ):
         done = subprocess.run(
             [sys.executable, "-m", "runtime.synth", *args], capture_output=True, text=True, check=False
@@ -447,12 +480,13 @@ async def test_finetune_generative_wan21_t2v_trains_to_the_end(ws: Path, wan_inp
                     "master_port": 29000 + (time.time_ns() // 1000) % 9000,
                 },
             },
-            agree={"convert", "render", "extract", "train"},
+            agree={"dataset", "convert", "render", "extract", "train"},
         )
         trace = await walk.run()
 
     assert [t.split(":")[0] for t in trace] == [s.id for s in workflow.steps]
-    assert trace[2].startswith("install: dry run"), trace  # nothing installed
+    assert trace[2] == f"dataset: written: {CLIPS} item(s)", trace  # the index the job reads
+    assert trace[3].startswith("install: dry run"), trace  # nothing installed
     assert walk.state["skill"] == workflow.skill == "mindspeed-mm-generative"
     status = walk.state["last_status"]
     assert (status["kind"], status["state"], status["iteration"], status["total"]) == (
@@ -535,21 +569,24 @@ def sparse_qwen25vl_3b(path: Path) -> None:
 
 
 def mllm_dataset(root: Path) -> None:
-    """Two image-text records in the MLLM json format (one <image> token per image)."""
+    """Two image-text records as users bring them (LLaVA `conversations`, no <image> token in one): the
+    workflow's prepare_dataset step turns them into the model's MLLM format."""
+    from PIL import Image
+
     (root / "images").mkdir(parents=True)
     records = []
     for i in range(2):
-        (root / "images" / f"{i}.jpg").write_bytes(b"\xff\xd8\xff\xd9")
+        Image.new("RGB", (32, 24), (40 * i, 80, 120)).save(root / "images" / f"{i}.jpg")
         records.append(
             {
-                "images": [f"images/{i}.jpg"],
-                "messages": [
-                    {"role": "user", "content": "<image>What is in the picture?"},
-                    {"role": "assistant", "content": f"A test pattern number {i}."},
+                "image": f"images/{i}.jpg",
+                "conversations": [
+                    {"from": "human", "value": "<image>\nWhat is in the picture?" if i else "Describe it."},
+                    {"from": "gpt", "value": f"A test pattern number {i}."},
                 ],
             }
         )
-    (root / "mllm.json").write_text(json.dumps(records))
+    (root / "llava.json").write_text(json.dumps(records))
 
 
 @pytest.mark.anyio
@@ -568,9 +605,10 @@ async def test_finetune_vlm_qwen25vl_3b_gives_a_validated_job(ws: Path, mm_check
                 "hf_dir": "hf/Qwen2.5-VL-3B-Instruct",
                 "load_path": "ckpt/mm/Qwen2.5-VL-3B-Instruct",
                 "job_dir": "job",
-                "render": {"dataset_dir": "data", "dataset_file": "data/mllm.json", "save_path": "save"},
+                "dataset_index": "data/llava.json",
+                "render": {"dataset_dir": "data", "dataset_file": "data/data.json", "save_path": "save"},
             },
-            agree={"render"},  # no NPU here: conversion and training stay dry runs
+            agree={"dataset", "render"},  # no NPU here: conversion and training stay dry runs
         )
         trace = await walk.run()
 

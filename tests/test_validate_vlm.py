@@ -36,6 +36,8 @@ def mm(tmp_path: Path) -> Path:
     (converted / "latest_checkpointed_iteration.txt").write_text("release")
     (root / "data").mkdir()
     (root / "data" / "mllm_format_llava_instruct_data.json").write_text(json.dumps(GOOD, indent=2))
+    (root / "data" / "images").mkdir()
+    (root / "data" / "images" / "cat.jpg").write_bytes(b"\xff\xd8\xff")  # the image GOOD names
     (root / "mindspeed_mm" / "tools").mkdir(parents=True)
     (root / "mindspeed_mm" / "tools" / "tools.json").write_text(
         '{"sorafeature": {"save_path": "./sora_features"}}'
@@ -64,7 +66,7 @@ def test_messages_key_mismatch(job: Path, mm: Path) -> None:
     sharegpt = [
         {
             "conversations": [{"from": "human", "value": "<image>Hi"}, {"from": "gpt", "value": "Yo"}],
-            "images": ["a.jpg"],
+            "images": ["images/cat.jpg"],
         }
     ]
     found = new_findings(job, lambda: _records(mm, sharegpt), mm_root=mm)
@@ -92,7 +94,7 @@ def test_image_token_count(job: Path, mm: Path) -> None:
                 {"role": "user", "content": "<image><image>Compare"},
                 {"role": "assistant", "content": "x"},
             ],
-            "images": ["a.jpg"],
+            "images": ["images/cat.jpg"],
         }
     ]
     found = new_findings(job, lambda: _records(mm, recs), mm_root=mm)

@@ -18,6 +18,7 @@ from mm_agent.errors import MMAgentError
 
 from . import (
     convert,
+    dataset,
     demo,
     diagnose,
     doctor,
@@ -39,6 +40,7 @@ from . import (
 COMMANDS = (
     models,
     route,
+    dataset,
     render,
     validate,
     diagnose,

@@ -35,7 +35,7 @@ class ConvertRequest(_Model):
     hf_dir: PathText | None = Field(
         default=None, description="mm_to_hf: original HF dir (config.json, index files)"
     )
-    tp: int = Field(default=1, ge=1, le=1024, description="tensor-parallel size of the MM layout")
+    tp: int = Field(default=1, ge=1, le=1024, description="TP of the MM layout")
     pp_layers: StageLayers | VppLayers | None = Field(
         default=None,
         description="layers per PP stage, e.g. [7,8,8,7]; nested = VPP; VLM: LLM layers",
@@ -50,7 +50,7 @@ class ConvertRequest(_Model):
         default=None,
         max_length=32,
         pattern=r"^[A-Za-z0-9._-]{1,32}$",
-        description="mm-convert `--version` (CogVideoConverter t2v/i2v, OpenSoraPlanConverter v1.3/v1.5)",
+        description="mm-convert --version (CogVideoX t2v/i2v, OpenSora-Plan v1.3/v1.5)",
     )
     verify: bool = Field(default=False, description="compare source and converted weights numerically")
     confirm: bool = Field(default=False, description="convert (false: dry run, the plan)")

@@ -15,31 +15,23 @@ STATUS_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
 class DoctorRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: Name | None = Field(
-        default=None, description="registry model id: enables its deps/RAM/disk checks"
-    )
-    task: Name | None = Field(default=None, description="task id (t2v, sft, ...) used with model")
-    size: Name | None = Field(default=None, description="model size id (1.3b, 14b, ...); default: the first")
-    mm_version: Name | None = Field(
-        default=None, description="MindSpeed-MM version (default: registry default)"
-    )
-    mm_root: PathText | None = Field(
-        default=None, description="MindSpeed-MM checkout (default: job, $MM_ROOT, ./MindSpeed-MM, cwd)"
-    )
-    job: PathText | None = Field(
-        default=None, description="rendered job directory: its job.yaml sets model/version/ports/workers"
-    )
+    model: Name | None = Field(default=None, description="enables its deps/RAM/disk checks")
+    task: Name | None = None
+    size: Name | None = None
+    mm_version: Name | None = Field(default=None, description="default: the registry's")
+    mm_root: PathText | None = Field(default=None, description="default: job, $MM_ROOT, ./MindSpeed-MM, cwd")
+    job: PathText | None = Field(default=None, description="rendered job: sets model, version, ports")
     master_port: int | None = Field(
         default=None, ge=1, le=65535, description="default: job, $MASTER_PORT, 6000"
     )
     python: PathText | None = Field(
         default=None,
-        description="the training env's CPython (e.g. <venv>/bin/python, in the workspace; never a script)",
+        description="the training env's CPython (<venv>/bin/python)",
     )
     checks: Annotated[list[Name], Field(max_length=MAX_ITEMS)] | None = Field(
         default=None, description="run only these check ids"
     )
-    timeout_s: float = Field(default=2.5, gt=0, le=60, description="time limit of each probe and check")
+    timeout_s: float = Field(default=2.5, gt=0, le=60, description="per check")
 
 
 class CheckResult(BaseModel):

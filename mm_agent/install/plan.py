@@ -37,33 +37,29 @@ class InstallRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelName = Field(description="registry model id or alias (see list_models)")
+    model: ModelName = Field(description="registry id or alias")
     mm_version: str | None = Field(
         default=None,
         max_length=NAME_CHARS,
         pattern=r"^(master|\d+\.\d+\.\d+)$",
-        description="MindSpeed-MM version; default: registry default",
+        description="default: the registry's",
     )
-    arch: Arch | None = Field(
-        default=None, description="CPU architecture of the target machine; default: this one"
-    )
+    arch: Arch | None = Field(default=None, description="default: this machine's")
     os_family: OsFamily | None = Field(
         default=None,
-        description="distro family (debian: apt-get, rhel: yum); default: this one",
+        description="default: this machine's",
     )
-    env: EnvKind = Field(default="venv", description="environment kind to create")
-    env_path: InstallPath | None = Field(
-        default=None, description="environment folder; default envs/<model>-<version>"
-    )
+    env: EnvKind = "venv"
+    env_path: InstallPath | None = Field(default=None, description="default: envs/<model>-<version>")
     mm_root: InstallPath = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout folder")
     src_dir: InstallPath | None = Field(
-        default=None, description="folder for Megatron-LM/decord checkouts; default: mm_root's parent"
+        default=None, description="Megatron-LM/decord checkouts; default: mm_root's parent"
     )
     python: str | None = Field(
         default=None,
         max_length=5,
         pattern=r"^3\.\d{1,2}$",
-        description="Python version; default: the version matrix's (3.10)",
+        description="default: 3.10 (the version matrix's)",
     )
     also_models: list[ModelName] = Field(
         default_factory=list, max_length=20, description="other models meant to share this environment"

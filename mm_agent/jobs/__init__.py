@@ -21,10 +21,11 @@ from mm_agent.jobs.schema import (
     StageRequest,
     StopJobRequest,
     StopJobResult,
+    StopTarget,
     TailRequest,
 )
 from mm_agent.jobs.status import job_status, list_jobs, tail_logs, wait_job
-from mm_agent.jobs.stop import stop_job
+from mm_agent.jobs.stop import stop, stop_job
 
 __all__ = [
     "JobList",
@@ -36,10 +37,12 @@ __all__ = [
     "StageRequest",
     "StopJobRequest",
     "StopJobResult",
+    "StopTarget",
     "TailRequest",
     "job_status",
     "list_jobs",
     "start_stage",
+    "stop",
     "stop_job",
     "tail_logs",
     "wait_job",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mm_agent.diagnose.schema import Category, Fix
 from mm_agent.fields import PathText, one_line
@@ -237,6 +237,23 @@ class StopJobRequest(BaseModel):
     run_id: RunId
     confirm: bool = Field(default=False, description="false: dry run (say what would be signalled)")
     timeout_s: float = Field(default=10.0, gt=0, le=300, description="wait after SIGTERM before SIGKILL")
+
+
+class StopTarget(BaseModel):
+    """What the one stop tool takes: a run (its processes) or a process, as `mm-agent stop RUN_ID|PID` does."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: RunId | None = Field(default=None, description="a run (extract, train, sample, convert)")
+    pid: int | None = Field(default=None, ge=1, description="or a process mm-agent started (mm-agent ps)")
+    confirm: bool = False
+    timeout_s: float = Field(default=10.0, gt=0, le=300, description="wait after SIGTERM before SIGKILL")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> StopTarget:
+        if (self.run_id is None) == (self.pid is None):
+            raise ValueError("give exactly one of run_id (a run) or pid (a process mm-agent started)")
+        return self
 
 
 class StopJobResult(BaseModel):

@@ -29,9 +29,10 @@ from mm_agent.jobs.schema import (
     StageRecord,
     StopJobRequest,
     StopJobResult,
+    StopTarget,
 )
 from mm_agent.jobs.status import job_status, stage_processes
-from mm_agent.procs import StopRequest, stop_process
+from mm_agent.procs import StopRequest, StopResult, stop_process
 from mm_agent.runs import PROGRESS, REPORT, RunMeta, read_json, read_meta, run_dir_for, utc_now, worker_alive
 from mm_agent.runs import write_json_atomic as write_atomic
 
@@ -87,6 +88,14 @@ def stop_job(run_id: str, confirm: bool = False, timeout_s: float = 10.0) -> Sto
     if result.status != "dry_run":
         result.state = job_status(req.run_id, log_lines=0).state
     return result
+
+
+def stop(req: StopTarget) -> StopJobResult | StopResult:
+    """A run's processes (`stop_job`) or one process mm-agent started (`procs.stop_process`)."""
+    if req.run_id is not None:
+        return stop_job(req.run_id, req.confirm, req.timeout_s)
+    assert req.pid is not None  # (the model requires one of the two)
+    return stop_process(StopRequest(pid=req.pid, confirm=req.confirm, timeout_s=req.timeout_s))
 
 
 def _stop_stage(req: StopJobRequest, meta: RunMeta, run_dir: Path) -> StopJobResult:

@@ -41,6 +41,14 @@ class SignatureInfo(BaseModel):
     env_vars: list[str]
 
 
+def _first_sentence(text: str) -> str:
+    """What a tool does, in the words of its description (tools carry no display title: every client would
+    read it in context)."""
+    text = " ".join(text.split())
+    head, dot, _ = text.partition(". ")
+    return head.rstrip(".") if dot else text.rstrip(".")
+
+
 def list_tools() -> list[ToolInfo]:
     """The tools of a real `build_server` instance, listed in-process (no client, no network, no torch).
 
@@ -53,7 +61,7 @@ def list_tools() -> list[ToolInfo]:
         (
             ToolInfo(
                 name=t.name,
-                title=t.title or t.name,
+                title=t.title or _first_sentence(t.description or t.name),
                 description=" ".join((t.description or "").split()),
                 mutating=not (t.annotations is not None and t.annotations.read_only_hint),
             )

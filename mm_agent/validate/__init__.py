@@ -18,6 +18,7 @@ from mm_agent.validate import (
     rules_ckpt,
     rules_common,
     rules_data,
+    rules_dataset,
     rules_generative,
     rules_mmparser,
     rules_multinode,
@@ -94,6 +95,7 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         rules_parallel,
         rules_generative,
         rules_data,
+        rules_dataset,
         rules_vlm,
         rules_multinode,
     ):

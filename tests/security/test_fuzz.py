@@ -87,7 +87,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     "job_status": {"run_id": "convert-0"},
     "tail_logs": {"run_id": "convert-0"},
     "stop_job": {"run_id": "convert-0"},
-    "stop_process": {"pid": 1},
+    "prepare_dataset": {"dir": ".", "model": "wan2.1"},
 }
 # Never start real work in a fuzz run: these stay dry runs whatever the fuzzer picks.
 DRY_ONLY = {
@@ -96,7 +96,7 @@ DRY_ONLY = {
     "extract_features",
     "launch_training",
     "stop_job",
-    "stop_process",
+    "prepare_dataset",
 }
 
 

@@ -47,22 +47,44 @@ def _unbounded(schema: dict[str, Any], defs: dict[str, Any], where: str, seen: s
     return out
 
 
-def _tools(root: Path) -> list[Any]:
-    async def go() -> list[Any]:
-        async with Client(build_server(root)) as client:
-            return list((await client.list_tools()).tools)
-
-    return anyio.run(go)
+def _argument_schemas(root: Path) -> dict[str, dict[str, Any]]:
+    """Each tool's argument model as the server validates a call with it, before any work. (The schema it
+    publishes leaves the caps out: they only guard the server, and every client pays for them in context.)"""
+    server = build_server(root)
+    return {
+        t.name: t.fn_metadata.arg_model.model_json_schema(by_alias=True)
+        for t in server._tool_manager.list_tools()
+    }
 
 
 def test_every_tool_argument_is_bounded(tmp_path: Path) -> None:
     problems: list[str] = []
-    tools = _tools(tmp_path)
-    assert len(tools) >= 14
-    for tool in tools:
-        schema = tool.input_schema
-        problems += _unbounded(schema, schema.get("$defs", {}), tool.name, set())
+    schemas = _argument_schemas(tmp_path)
+    assert len(schemas) >= 14
+    for name, schema in schemas.items():
+        problems += _unbounded(schema, schema.get("$defs", {}), name, set())
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "field"),
+    [
+        ("render_job", {"model": "w" * 5000, "task": "t2v", "out_dir": "jobs/w"}, "model"),
+        ("validate_configs", {"paths": [f"p{i}" for i in range(5000)]}, "paths"),
+        ("tail_logs", {"run_id": "r" * 500}, "run_id"),
+    ],
+)
+def test_caps_left_out_of_the_published_schema_are_still_enforced(
+    tmp_path: Path, tool: str, args: dict[str, Any], field: str
+) -> None:
+    async def go() -> tuple[Any, Any]:
+        async with Client(build_server(tmp_path)) as client:
+            listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+            return listed[tool], await client.call_tool(tool, args)
+
+    published, result = anyio.run(go)
+    assert not {"maxLength", "maxItems", "pattern"} & set(published["properties"][field])
+    assert result.is_error and field in result.content[0].text
 
 
 def test_a_huge_request_is_refused_at_the_model_naming_the_limit(tmp_path: Path) -> None:

@@ -1,0 +1,101 @@
+"""Finding the media of a dataset folder, in a stable order, with their sidecar captions.
+
+A directory is walked recursively in sorted order (so the written index and a re-run's are the same), each
+directory once by (device, inode) so a symlink loop cannot trap the walk, and a file whose real path leaves
+the allowed roots is reported instead of read. A caption is the `.txt` file of the same stem beside the media
+(`clip.mp4` -> `clip.txt`), read as UTF-8 up to `CAPTION_BYTES`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mm_agent.dataset.probe import IMAGE_EXTS, VIDEO_EXTS
+from mm_agent.paths import owning_root
+
+CAPTION_BYTES = 64 * 1024  # a caption is a sentence or a paragraph; more is a mistake
+
+
+@dataclass
+class Item:
+    rel: str  # relative to the dataset root, '/'-separated: what the index stores
+    path: str  # absolute
+    caption: str | None = None
+    problem: str | None = None  # a reason code found before probing (outside roots, caption unreadable)
+    detail: str = ""
+    size: int = 0
+    mtime_ns: int = 0
+    probe: dict[str, Any] | None = None  # from the cache: not probed again
+
+
+def media_kind(name: str) -> str | None:
+    ext = os.path.splitext(name)[1].lower()
+    return "video" if ext in VIDEO_EXTS else "image" if ext in IMAGE_EXTS else None
+
+
+def read_caption(path: Path) -> tuple[str | None, str | None]:
+    """(caption, problem): problem is `no_caption`, `caption_not_utf8`, `caption_too_long` or None."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(CAPTION_BYTES + 1)
+    except FileNotFoundError:
+        return None, "no_caption"
+    except OSError:
+        return None, "caption_unreadable"
+    if len(raw) > CAPTION_BYTES:
+        return None, "caption_too_long"
+    try:
+        text = raw.decode("utf-8-sig").strip()
+    except UnicodeDecodeError:
+        return None, "caption_not_utf8"
+    return (text, None) if text else (None, "no_caption")
+
+
+def walk(root: Path, workspace: Path | None, kinds: set[str], *, captions: bool = True) -> Iterator[Item]:
+    """Media files under `root` (sorted, recursive) as Items; `workspace` confines real paths (MCP)."""
+    seen: set[tuple[int, int]] = set()
+
+    def visit(folder: Path, rel: str) -> Iterator[Item]:
+        try:
+            st = folder.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            name_rel = f"{rel}{entry.name}"
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                continue
+            if is_dir:
+                if not entry.name.startswith("."):
+                    yield from visit(Path(entry.path), f"{name_rel}/")
+                continue
+            kind = media_kind(entry.name)
+            if kind not in kinds:
+                continue
+            item = Item(rel=name_rel, path=entry.path)
+            try:
+                real = Path(entry.path).resolve(strict=True)
+                st = real.stat()
+                item.size, item.mtime_ns = st.st_size, st.st_mtime_ns
+            except (OSError, RuntimeError) as exc:
+                item.problem, item.detail = "unreadable", str(exc)[:200]
+                yield item
+                continue
+            if workspace is not None and owning_root(real, workspace) is None:
+                item.problem = "outside_roots"
+                yield item
+                continue
+            if captions:
+                item.caption, item.problem = read_caption(Path(entry.path).with_suffix(".txt"))
+            yield item
+
+    yield from visit(root, "")

@@ -1,0 +1,169 @@
+"""What a dataset is checked against: the dataset config of the job it feeds.
+
+With `job_dir`, the job's own files; otherwise the files `render_job` would write for the model, task and size
+(a dry run, nothing written), so prepare_dataset and the job agree by construction. The config that reads raw
+clips (`data_storage_mode: combine`, e.g. Wan's `feature_extract/data.json`) gives the clip limits; one with an
+`attr` block (a VLM's data config) gives the MLLM record shape. The extraction script gives the global batch
+size of MindSpeed-MM's final sample-size filter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from mm_agent.dataset.limits import OPENSORAPLAN, ClipLimits, limits_from_config
+from mm_agent.dataset.schema import DatasetRequest, IndexKind
+from mm_agent.errors import MMAgentError
+from mm_agent.paths import confine, read_file, resolve
+
+_INT = {
+    "npus": re.compile(r"^NPUS_PER_NODE=\"?\$?\{?[A-Z_]*:?-?(\d+)", re.M),
+    "nnodes": re.compile(r"^NNODES=\"?\$?\{?[A-Z_]*:?-?(\d+)", re.M),
+    "mbs": re.compile(r"^MBS=(\d+)", re.M),
+    "cp": re.compile(r"^CP=(\d+)", re.M),
+}
+_IMAGE_TASKS = {"t2i", "i2i"}
+
+
+@dataclass
+class Target:
+    kind: IndexKind
+    model: str
+    task: str
+    runtime: str
+    limits: ClipLimits | None = None
+    data_config: dict[str, Any] = field(default_factory=dict)
+    config_file: str = ""
+    job_dir: str | None = None
+
+
+def _extraction_gbs(script: str) -> int | None:
+    """NPUS_PER_NODE x NNODES x MBS / CP of a rendered extraction script (its --global-batch-size)."""
+    found = {k: int(m.group(1)) for k, rx in _INT.items() if (m := rx.search(script))}
+    if "npus" not in found:
+        return None
+    return max(1, found["npus"] * found.get("nnodes", 1) * found.get("mbs", 1) // max(found.get("cp", 1), 1))
+
+
+def _from_files(
+    files: dict[str, str], model: str, task: str, runtime: str, source: str, req: DatasetRequest
+) -> Target:
+    raw_cfg: tuple[str, dict[str, Any]] | None = None
+    vlm_cfg: tuple[str, dict[str, Any]] | None = None
+    for rel, text in sorted(files.items()):
+        if not rel.endswith(".json"):
+            continue
+        try:
+            cfg = json.loads(text)
+        except ValueError:
+            continue
+        ds = cfg.get("dataset_param") if isinstance(cfg, dict) else None
+        if not isinstance(ds, dict):
+            continue
+        if isinstance(ds.get("attr"), dict) and vlm_cfg is None:
+            vlm_cfg = (rel, cfg)
+        basic = ds.get("basic_parameters", {})
+        if isinstance(basic, dict) and basic.get("data_storage_mode") == "combine" and raw_cfg is None:
+            raw_cfg = (rel, cfg)
+    if vlm_cfg is not None:
+        return Target("mllm", model, task, runtime, None, vlm_cfg[1], f"{source}/{vlm_cfg[0]}")
+    if raw_cfg is None:
+        raise MMAgentError(
+            f"{model} {task}: no dataset config that reads raw clips or MLLM records in {source}",
+            field="model",
+            fix="prepare_dataset knows the video-text format (Wan, HunyuanVideo, ... `data_storage_mode: "
+            "combine`) and the MLLM format (VLMs with an `attr` block); write this model's index by hand",
+        )
+    rel, cfg = raw_cfg
+    script = next((t for r, t in files.items() if r.endswith(".sh") and "extract" in r), "")
+    gbs = _extraction_gbs(script) if runtime == "mindspeed-mm" else None
+    limits = limits_from_config(
+        cfg,
+        source=f"{source}/{rel}",
+        global_batch_size=gbs,
+        num_frames=req.num_frames,
+        frame_interval=req.frame_interval,
+        max_height=req.max_height,
+        max_width=req.max_width,
+        text_len=req.text_len,
+    )
+    if limits.processor == OPENSORAPLAN and limits.frame_interval != 1:
+        raise MMAgentError(
+            f"frame_interval {limits.frame_interval} with {OPENSORAPLAN}: it selects clips by num_frames x "
+            "frame_interval but then samples num_frames consecutive frames, and fails on the mismatch",
+            file=f"{source}/{rel}" if req.frame_interval is None else None,
+            field="frame_interval",
+            fix="leave frame_interval at 1; to resample a high frame rate set auto_interval and train_fps",
+        )
+    kind: IndexKind = "image-text" if task in _IMAGE_TASKS else "video-text"
+    return Target(kind, model, task, runtime, limits, cfg, f"{source}/{rel}")
+
+
+def _job_files(job: Path, root: Path | None) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for path in sorted([*job.glob("*"), *job.glob("*/*")]):
+        if path.suffix in (".json", ".sh", ".yaml") and path.is_file() and not path.is_symlink():
+            files[str(path.relative_to(job))] = read_file(path, root, "job_dir", limit=4 << 20).decode(
+                "utf-8", "replace"
+            )
+    return files
+
+
+def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target:
+    if req.job_dir:
+        job = confine(req.job_dir, root, "job_dir") if root else resolve(base / req.job_dir, "job_dir")
+        files = _job_files(job, root)
+        if "job.yaml" not in files:
+            raise MMAgentError(
+                f"{job} holds no job.yaml",
+                field="job_dir",
+                fix="pass a directory written by render_job (mm-agent render ...), or leave job_dir out",
+            )
+        spec = yaml.safe_load(files["job.yaml"]) or {}
+        model, task = str(spec.get("model", req.model)), str(spec.get("task", req.task or ""))
+        if model != req.model:
+            raise MMAgentError(
+                f"the job renders {model}, not {req.model}",
+                field="model",
+                fix=f"pass model={model}, or the job of {req.model}",
+            )
+        target = _from_files(files, model, task, str(spec.get("runtime", "mindspeed-mm")), str(job), req)
+        target.job_dir = str(job)
+        return target
+    from mm_agent.render import RenderRequest, render_job  # render pulls in the templates; only here
+
+    with tempfile.TemporaryDirectory(prefix="mm-dataset-") as tmp:
+        spec_args: dict[str, Any] = {"model": req.model, "out_dir": str(Path(tmp) / "job")}
+        for name in (
+            "task",
+            "size",
+            "mm_version",
+            "runtime",
+            "num_frames",
+            "max_height",
+            "max_width",
+            "text_len",
+        ):
+            if getattr(req, name) is not None:
+                spec_args[name] = getattr(req, name)
+        if "task" not in spec_args:
+            from mm_agent.registry import get_registry
+
+            spec_args["task"] = get_registry().get(req.model).tasks[0].id  # (an unknown id: its own error)
+        try:
+            spec = RenderRequest(**spec_args)
+        except ValidationError as exc:  # a value the job renderer refuses: named as this tool's field
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise MMAgentError(err["msg"], field=where, fix=f"correct {where} (see list_models)") from None
+        rendered = render_job(spec, root=None)
+    files = {f.path: f.content or "" for f in rendered.files}
+    return _from_files(files, rendered.model, rendered.task, rendered.runtime, "render_job defaults", req)
