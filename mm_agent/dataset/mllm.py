@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from mm_agent.dataset.cache import ProbeCache
 from mm_agent.dataset.conversations import Attr, Refusal, placeholders, to_mllm
-from mm_agent.dataset.index_files import IndexRow, read_index
+from mm_agent.dataset.index_files import IndexRow
 from mm_agent.dataset.scan import Item
 from mm_agent.dataset.schema import DatasetResult
 from mm_agent.dataset.write import AtomicFile, check_writable, write_bytes
 from mm_agent.errors import MMAgentError
-from mm_agent.paths import confine, owning_root, resolve
+from mm_agent.paths import owning_root
 
 if TYPE_CHECKING:
     from mm_agent.dataset.prepare import _Pool, _Run
@@ -42,10 +42,7 @@ def _rows(run: _Run) -> Iterator[IndexRow]:
             fix="pass index=<file> (JSON/JSONL in LLaVA `conversations`, ShareGPT or `messages`/`images` shape; "
             "image paths relative to dir)",
         )
-    index = (
-        confine(run.req.index, run.root, "index") if run.root else resolve(run.base / run.req.index, "index")
-    )
-    return read_index(index, path_column=run.req.path_column, caption_column=run.req.caption_column)
+    return run.index_rows()[1]
 
 
 def _image_item(run: _Run, written: str, label: str) -> Item:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mm_agent.dataset.cache import ProbeCache
+from mm_agent.dataset.index_files import IndexRow
 from mm_agent.dataset.limits import ClipLimits, ClipPlan, Refusal, plan_clip, small_groups
 from mm_agent.dataset.probe import probe_batch
 from mm_agent.dataset.scan import Item, media_kind, walk
@@ -250,17 +251,19 @@ class _Run:
             ours = {p for p in (self.out, self.data_txt, self.plot) if p is not None}
             yield from (it for it in walk(self.dir, self.root, self.kinds()) if Path(it.path) not in ours)
 
-    def _index_items(self) -> Iterator[Item]:
+    def index_rows(self) -> tuple[Path, Iterator[IndexRow]]:
+        """The user's index (relative to the workspace, or the working directory like `out`) and its rows."""
         from mm_agent.dataset.index_files import read_index
 
-        index = (
-            confine(self.req.index or "", self.root, "index")
-            if self.root
-            else resolve(self.base / (self.req.index or ""), "index")
-        )
-        for row in read_index(
+        given = self.req.index or ""
+        index = confine(given, self.root, "index") if self.root else resolve(self.base / given, "index")
+        return index, read_index(
             index, path_column=self.req.path_column, caption_column=self.req.caption_column
-        ):
+        )
+
+    def _index_items(self) -> Iterator[Item]:
+        index, rows = self.index_rows()
+        for row in rows:
             label = f"{index.name}:{row.line}"
             if row.error or not row.media:
                 item = Item(rel=label, path="", problem="record", detail=row.error or "no media path")

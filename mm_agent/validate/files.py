@@ -10,6 +10,7 @@ check cannot leak a file from outside), and no more than `MAX_BYTES` of a file i
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -64,6 +65,22 @@ def open_text(path: Path, root: Path | None) -> TextIO:
 def lines(fh: TextIO) -> Iterator[str]:
     """The lines of a text file, each cut at MAX_LINE characters, so one endless line is never held."""
     return iter(lambda: fh.readline(MAX_LINE), "")
+
+
+def jsonl_head(path: Path, root: Path | None, limit: int) -> list[Any]:
+    """The first `limit` records of a JSONL file (None for a line that is not JSON), read line by line;
+    MMAgentError/OSError as `open_text`."""
+    out: list[Any] = []
+    with open_text(path, root) as fh:
+        for text in lines(fh):
+            if len(out) >= limit:
+                break
+            if text.strip():
+                try:
+                    out.append(json.loads(text))
+                except ValueError:
+                    out.append(None)
+    return out
 
 
 def read_text(path: Path, sink: Sink, root: Path | None) -> str | None:

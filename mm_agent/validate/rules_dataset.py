@@ -14,7 +14,6 @@ What other rule groups already report is not repeated here: record keys and vide
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
@@ -34,7 +33,7 @@ from mm_agent.dataset.limits import (
     small_groups,
 )
 from mm_agent.errors import MMAgentError
-from mm_agent.validate.files import ConfigFile, lines, open_text
+from mm_agent.validate.files import ConfigFile, jsonl_head
 from mm_agent.validate.job import Job, Launch, exists, is_dir, is_file, to_int
 from mm_agent.validate.parse import join
 
@@ -341,17 +340,8 @@ def _records(job: Job, path: Path) -> tuple[list[Any], ConfigFile | None]:
         return (
             (found.data[:SAMPLE], found) if found is not None and isinstance(found.data, list) else ([], None)
         )
-    out: list[Any] = []
     try:
-        with open_text(path, job.root) as fh:
-            for text in lines(fh):
-                if len(out) >= SAMPLE:
-                    break
-                if text.strip():
-                    try:
-                        out.append(json.loads(text))
-                    except ValueError:
-                        out.append(None)
+        out = jsonl_head(path, job.root, SAMPLE)
     except (MMAgentError, OSError):
         return [], None  # rules_vlm reports an unreadable dataset
     return out, None

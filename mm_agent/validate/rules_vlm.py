@@ -3,12 +3,11 @@ model directory and the preprocessing cache location."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from mm_agent.errors import MMAgentError
-from mm_agent.validate.files import ConfigFile, lines, open_text
+from mm_agent.validate.files import ConfigFile, jsonl_head
 from mm_agent.validate.job import Job, exists, is_file, to_int
 from mm_agent.validate.parse import join
 
@@ -118,17 +117,8 @@ def _dataset_missing(job: Job, cfg: ConfigFile, field: str, name: str, candidate
 
 def _records(job: Job, path: Path) -> tuple[list[Any] | None, ConfigFile | None]:
     if path.suffix == ".jsonl":
-        out: list[Any] = []
         try:
-            with open_text(path, job.root) as fh:
-                for text in lines(fh):
-                    if len(out) >= SAMPLE:
-                        break
-                    if text.strip():
-                        try:
-                            out.append(json.loads(text))
-                        except ValueError:
-                            out.append(None)
+            out = jsonl_head(path, job.root, SAMPLE)
         except MMAgentError as exc:
             job.sink.error(
                 "file.unreadable", str(path), f"cannot read: {exc.message}", exc.fix or "fix the dataset path"

@@ -41,6 +41,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from stubs import StubModule, matches  # a sibling module: this script's folder is on sys.path
+
 SPEC = json.loads(Path(sys.argv[1]).read_text())
 ROOTS = tuple(str(Path(v[k]).resolve()) for v in SPEC["versions"] for k in ("mm", "mindspeed"))
 NPU_ONLY = ("torch_npu", "torchair", "acl", "tbe", "mindspeed.op_builder")
@@ -58,43 +60,16 @@ ARGS = argparse.Namespace(
 USED: list[str] = []
 
 
-class _Anything:
-    """Stands in for any attribute of a stubbed module (never called on the feature path)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __call__(self, *args: Any, **kwargs: Any) -> _Anything:
-        return _Anything()
-
-    def __getattr__(self, name: str) -> _Anything:
-        return _Anything()
-
-    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
-        return (object,)
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Anything()
-
-
-def _matches(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
 class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """First on the path: NPU-only modules, megatron.training's package init, modules off the feature path."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if _matches(name, NPU_ONLY + OFF_PATH) or name == "megatron.training":
+        if matches(name, NPU_ONLY + OFF_PATH) or name == "megatron.training":
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = _StubModule(spec.name)
+        module = StubModule(spec.name)
         module.__path__ = []
         if spec.name == "megatron.training":  # the real submodules stay importable
             module.__path__ = [str(Path(SPEC["megatron"]) / "megatron" / "training")]
