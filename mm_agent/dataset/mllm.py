@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from mm_agent.dataset.cache import ProbeCache
 from mm_agent.dataset.conversations import Attr, Refusal, placeholders, to_mllm
 from mm_agent.dataset.index_files import IndexRow
-from mm_agent.dataset.scan import Item
+from mm_agent.dataset.scan import Item, locate
 from mm_agent.dataset.schema import DatasetResult
 from mm_agent.dataset.write import AtomicFile, check_writable, write_bytes
 from mm_agent.errors import MMAgentError
-from mm_agent.paths import owning_root
 
 if TYPE_CHECKING:
     from mm_agent.dataset.prepare import _Pool, _Run
@@ -49,15 +48,7 @@ def _image_item(run: _Run, written: str, label: str) -> Item:
     path = Path(written)
     full = path if path.is_absolute() else run.dir / path
     item = Item(rel=written, path=str(full))
-    try:
-        real = full.resolve(strict=True)
-        st = real.stat()
-        item.size, item.mtime_ns = st.st_size, st.st_mtime_ns
-    except (OSError, RuntimeError):
-        item.problem, item.detail = "missing", f"does not exist under {run.dir}"
-        return item
-    if run.root is not None and owning_root(real, run.root) is None:
-        item.problem = "outside_roots"
+    locate(item, run.root, f"does not exist under {run.dir}")
     return item
 
 

@@ -31,12 +31,12 @@ from mm_agent.dataset.cache import ProbeCache
 from mm_agent.dataset.index_files import IndexRow
 from mm_agent.dataset.limits import ClipLimits, ClipPlan, Refusal, plan_clip, small_groups
 from mm_agent.dataset.probe import probe_batch
-from mm_agent.dataset.scan import Item, media_kind, walk
+from mm_agent.dataset.scan import Item, locate, media_kind, walk
 from mm_agent.dataset.schema import DatasetRequest, DatasetResult, DatasetStats, Distribution, Rejected
 from mm_agent.dataset.target import Target, resolve_target
 from mm_agent.dataset.write import AtomicFile, check_writable, write_bytes
 from mm_agent.errors import MMAgentError
-from mm_agent.paths import confine, owning_root, resolve
+from mm_agent.paths import confine, resolve
 
 Progress = Callable[[int, int, str], None]
 BATCH = 8  # files per pool task: small clips probe in milliseconds, so round trips would dominate
@@ -276,16 +276,10 @@ class _Run:
         full = path if path.is_absolute() else self.dir / path
         rel = written if not path.is_absolute() else str(path)
         item = Item(rel=rel, path=str(full), caption=caption)
-        try:
-            real = full.resolve(strict=True)
-            st = real.stat()
-            item.size, item.mtime_ns = st.st_size, st.st_mtime_ns
-        except (OSError, RuntimeError):
-            item.problem, item.detail = "missing", f"{label}: {written} does not exist"
+        real = locate(item, self.root, f"{label}: {written} does not exist")
+        if real is None:
             return item
-        if self.root is not None and owning_root(real, self.root) is None:
-            item.problem = "outside_roots"
-        elif path.is_absolute():
+        if path.is_absolute():
             try:
                 item.rel = str(real.relative_to(self.dir))
             except ValueError:

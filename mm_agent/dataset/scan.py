@@ -32,6 +32,23 @@ class Item:
     probe: dict[str, Any] | None = None  # from the cache: not probed again
 
 
+def locate(item: Item, workspace: Path | None, missing: str) -> Path | None:
+    """The real path of `item` with its size and mtime filled in, or None with `item.problem` set: `missing`
+    (with `missing` as the detail) when it cannot be resolved, `outside_roots` when its real path leaves the
+    allowed roots."""
+    try:
+        real = Path(item.path).resolve(strict=True)
+        st = real.stat()
+        item.size, item.mtime_ns = st.st_size, st.st_mtime_ns
+    except (OSError, RuntimeError):
+        item.problem, item.detail = "missing", missing
+        return None
+    if workspace is not None and owning_root(real, workspace) is None:
+        item.problem = "outside_roots"
+        return None
+    return real
+
+
 def media_kind(name: str) -> str | None:
     ext = os.path.splitext(name)[1].lower()
     return "video" if ext in VIDEO_EXTS else "image" if ext in IMAGE_EXTS else None
