@@ -135,7 +135,7 @@ def child_prepare(folder: Path, workers: int | None) -> dict[str, Any]:
     from mm_agent.dataset.schema import DatasetRequest
 
     t0 = time.perf_counter()
-    result = prepare_dataset(DatasetRequest(dir=str(folder), model="wan2.1", task="t2v", workers=workers))
+    result = prepare_dataset(DatasetRequest(dir=str(folder), model="wan2.1", task="t2v"), workers=workers)
     seconds = time.perf_counter() - t0
     s = result.stats
     return {

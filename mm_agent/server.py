@@ -428,9 +428,8 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
         WRITES_NEW_FILES,
         DatasetRequest,
         dataset_core,
-        "Check a folder of clips/images (captions in same-name .txt files, or an index) against the model's l"
-        "imits; each rejected file has a reason and fix. Dry run by default; confirm=true writes data.json. Pr"
-        "obes are cached.",
+        "Check clips/images (captions: same-name .txt files, or an index) against the model's limits, each re"
+        "jected file with reason and fix. Dry run by default; confirm=true writes data.json.",
     )
 
     async def diagnose_core(req: DiagnoseRequest, ctx: Context) -> DiagnosisReport:

@@ -127,7 +127,7 @@ def prepare(ws: Path, **fields: Any) -> DatasetResult:
     fields.setdefault("model", "wan2.1")
     if fields["model"] == "wan2.1":
         fields.setdefault("job_dir", "job")
-    return prepare_dataset(DatasetRequest(workers=1, **fields), root=ws)
+    return prepare_dataset(DatasetRequest(**fields), root=ws, workers=1)
 
 
 def rejected(result: DatasetResult) -> dict[str, str]:
@@ -375,9 +375,7 @@ def test_cli_index_path_is_relative_to_the_working_directory_like_out(
     clips = ws / "clips"
     names = good_folder(media, clips, FLOOR)
     (clips / "list.csv").write_text("video,caption\n" + "".join(f"{name},a clip\n" for name in names))
-    result = prepare_dataset(
-        DatasetRequest(dir="clips", model="wan2.1", job_dir=job, index="clips/list.csv", workers=1)
-    )
+    result = prepare_dataset(DatasetRequest(dir="clips", model="wan2.1", job_dir=job, index="clips/list.csv"))
     assert result.accepted == FLOOR
 
 
@@ -453,7 +451,7 @@ async def test_mcp_tool_flat_arguments_brief_answer_and_refusals(ws: Path, media
     for i in range(30):
         put(clips, f"nocap{i:02}.mp4", b"")  # no sidecar: rejected before any probe
     async with Client(build_server(ws), raise_exceptions=True) as client:
-        args = {"dir": "clips", "model": "wan2.1", "job_dir": job, "workers": 1}
+        args = {"dir": "clips", "model": "wan2.1", "job_dir": job}
         dry = await client.call_tool("prepare_dataset", args)
         assert not dry.is_error
         brief = dry.structured_content

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mm_agent.dataset import DatasetRequest, DatasetResult, prepare_dataset
+from mm_agent.errors import MMAgentError
 
 from .output import add_json_flag, console, option_error, print_json
 
@@ -54,7 +55,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _request(args: argparse.Namespace) -> DatasetRequest:
-    names = set(DatasetRequest.model_fields) - {"confirm"}
+    names = set(DatasetRequest.model_fields) - {"confirm"}  # (--workers is how it runs: passed apart)
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}
     try:
         return DatasetRequest(**given, confirm=args.yes)
@@ -64,7 +65,11 @@ def _request(args: argparse.Namespace) -> DatasetRequest:
 
 def run(args: argparse.Namespace) -> int:
     req = _request(args)
-    result = _with_progress(req)
+    if args.workers is not None and not 1 <= args.workers <= 64:
+        raise MMAgentError(
+            f"{args.workers} workers", field="--workers", fix="use 1 to 64 (default: the CPU count)"
+        )
+    result = _with_progress(req, args.workers)
     if args.json:
         print_json(result)
     else:
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _with_progress(req: DatasetRequest) -> DatasetResult:
+def _with_progress(req: DatasetRequest, workers: int | None) -> DatasetResult:
     """The scan with a progress bar on stderr (stdout stays the result)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -90,7 +95,7 @@ def _with_progress(req: DatasetRequest) -> DatasetResult:
         def on_progress(done: int, total: int, current: str) -> None:
             bar.update(task, completed=done, total=total or None, description=current[-40:])
 
-        return prepare_dataset(req, on_progress=on_progress)
+        return prepare_dataset(req, on_progress=on_progress, workers=workers)
 
 
 def _show(r: DatasetResult) -> None:

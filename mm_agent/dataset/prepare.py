@@ -311,11 +311,15 @@ def _count(run: _Run) -> int:
 
 
 def prepare_dataset(
-    req: DatasetRequest, *, root: Path | None = None, on_progress: Progress | None = None
+    req: DatasetRequest,
+    *,
+    root: Path | None = None,
+    on_progress: Progress | None = None,
+    workers: int | None = None,
 ) -> DatasetResult:
     """Scan, probe and check a dataset; write its index when `req.confirm`. `root` confines every path (MCP)."""
     t0 = time.monotonic()
-    pool = _Pool(req.workers or max(1, min(os.cpu_count() or 1, 8)))
+    pool = _Pool(workers or max(1, min(os.cpu_count() or 1, 8)))  # (how it runs, not what it checks)
     try:
         run = _Run(req, root, on_progress)
         if run.target.kind == "mllm":

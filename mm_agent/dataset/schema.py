@@ -36,7 +36,6 @@ class DatasetRequest(BaseModel):
     max_height: int | None = Field(default=None, ge=16, le=16384)
     max_width: int | None = Field(default=None, ge=16, le=16384)
     text_len: int | None = Field(default=None, ge=1, le=4096)
-    workers: int | None = Field(default=None, ge=1, le=64)
     confirm: bool = False
 
 
