@@ -63,6 +63,18 @@ def test_validate_exit_code_1_on_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert any(f["severity"] == "error" and "pretrain_model.json" in f["file"] for f in report["findings"])
 
 
+def test_validate_text_shows_bracketed_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A field such as `[server_count]` is text, not a rich style tag: the plain output keeps it."""
+    out = tmp_path / "job"
+    assert main(["render", "wan2.1", "--task", "t2v", "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    (out / "hccl.json").write_text(
+        '{"version": "1.0", "server_count": "2", "server_list": [], "status": "completed"}'
+    )
+    assert main(["validate", str(out)]) == 1
+    assert "[server_count]" in capsys.readouterr().out
+
+
 def test_rerender_from_job_yaml_is_noop_and_force_keeps_backup(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

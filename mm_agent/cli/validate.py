@@ -31,6 +31,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     report = validate_configs(ValidateRequest(paths=args.paths, strict=args.strict, mm_root=args.mm_root))
     if args.json:
         print_json(report)
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     colour = {"error": "red", "warning": "yellow", "info": "blue"}
     for f in report.findings:
         where = f.file + (f":{f.line}" if f.line else "") + (f" [{f.field}]" if f.field else "")
-        out.print(f"[{colour[f.severity]}]{f.severity}[/] {f.rule} {where}", markup=True)
+        # (the file and field are text: `[server_count]` must not be read as a rich style tag)
+        out.print(f"[{colour[f.severity]}]{f.severity}[/] {escape(f.rule)} {escape(where)}", markup=True)
         out.print(f"    {f.message}", markup=False)
         out.print(f"    fix: {f.fix}", markup=False)
     verdict = "[green]OK[/green]" if report.ok else "[red]FAILED[/red]"

@@ -23,6 +23,7 @@ from mm_agent.validate import (
     rules_mmparser,
     rules_multinode,
     rules_parallel,
+    rules_ranktable,
     rules_vlm,
 )
 from mm_agent.validate.files import walk
@@ -98,6 +99,7 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         rules_dataset,
         rules_vlm,
         rules_multinode,
+        rules_ranktable,
     ):
         try:
             rules.check(job)
