@@ -325,6 +325,10 @@ def _int(value: Any) -> int | None:
     return None
 
 
+def _problem(rule: str, field: str | None, message: str, fix: str) -> Problem:
+    return Problem(rule=rule, field=field, message=message, fix=fix)
+
+
 def _server_problems(
     index: int, server: Any, npus_per_node: int | None, ips: dict[str, str], ranks: dict[int, str]
 ) -> list[Problem]:
@@ -342,12 +346,12 @@ def _server_problems(
     devices: list[Any] = server["device"]
     if npus_per_node is not None and len(devices) != npus_per_node:
         out.append(
-            Problem(
-                rule="ranktable.devices",
-                field=f"{where}.device",
-                message=f"server {server.get('server_id')!r} lists {len(devices)} devices; the job starts "
+            _problem(
+                "ranktable.devices",
+                f"{where}.device",
+                f"server {server.get('server_id')!r} lists {len(devices)} devices; the job starts "
                 f"{npus_per_node} processes per node",
-                fix=f"list {npus_per_node} devices per server (mm-agent ranktable HOSTS --devices {npus_per_node}), "
+                f"list {npus_per_node} devices per server (mm-agent ranktable HOSTS --devices {npus_per_node}), "
                 "or render the job with --npus-per-node matching the table",
             )
         )
@@ -356,51 +360,51 @@ def _server_problems(
         at = f"{where}.device[{j}]"
         if not isinstance(device, dict):
             out.append(
-                Problem(
-                    rule="ranktable.schema",
-                    field=at,
-                    message="not an object",
-                    fix='write each device as {"device_id", "device_ip", "rank_id"}',
+                _problem(
+                    "ranktable.schema",
+                    at,
+                    "not an object",
+                    'write each device as {"device_id", "device_ip", "rank_id"}',
                 )
             )
             continue
         device_id = str(device.get("device_id"))
         if _int(device.get("device_id")) is None:
             out.append(
-                Problem(
-                    rule="ranktable.device_id",
-                    field=f"{at}.device_id",
-                    message=f"device_id {device.get('device_id')!r} is not a device number",
-                    fix="use the NPU's physical id (0..7 on an 8-NPU server), as a string",
+                _problem(
+                    "ranktable.device_id",
+                    f"{at}.device_id",
+                    f"device_id {device.get('device_id')!r} is not a device number",
+                    "use the NPU's physical id (0..7 on an 8-NPU server), as a string",
                 )
             )
         elif device_id in ids:
             out.append(
-                Problem(
-                    rule="ranktable.device_id",
-                    field=f"{at}.device_id",
-                    message=f"device_id {device_id} is listed twice on this server",
-                    fix="list each NPU of a server once (mm-agent ranktable builds it from hccn.conf)",
+                _problem(
+                    "ranktable.device_id",
+                    f"{at}.device_id",
+                    f"device_id {device_id} is listed twice on this server",
+                    "list each NPU of a server once (mm-agent ranktable builds it from hccn.conf)",
                 )
             )
         ids.add(device_id)
         ip = device.get("device_ip")
         if not isinstance(ip, str) or not _ip(ip):
             out.append(
-                Problem(
-                    rule="ranktable.device_ip",
-                    field=f"{at}.device_ip",
-                    message=f"device_ip {ip!r} is not an IP address",
-                    fix="use the NPU's NIC address, address_<dev> of that node's /etc/hccn.conf",
+                _problem(
+                    "ranktable.device_ip",
+                    f"{at}.device_ip",
+                    f"device_ip {ip!r} is not an IP address",
+                    "use the NPU's NIC address, address_<dev> of that node's /etc/hccn.conf",
                 )
             )
         elif ip in ips:
             out.append(
-                Problem(
-                    rule="ranktable.device_ip",
-                    field=f"{at}.device_ip",
-                    message=f"device_ip {ip} is also {ips[ip]}'s",
-                    fix="each NPU has its own NIC address: take them from each node's /etc/hccn.conf",
+                _problem(
+                    "ranktable.device_ip",
+                    f"{at}.device_ip",
+                    f"device_ip {ip} is also {ips[ip]}'s",
+                    "each NPU has its own NIC address: take them from each node's /etc/hccn.conf",
                 )
             )
         else:
@@ -408,20 +412,20 @@ def _server_problems(
         rank = _int(device.get("rank_id"))
         if rank is None:
             out.append(
-                Problem(
-                    rule="ranktable.rank_id",
-                    field=f"{at}.rank_id",
-                    message=f"rank_id {device.get('rank_id')!r} is not a number",
-                    fix="number the ranks 0 .. world size - 1, host by host in device order",
+                _problem(
+                    "ranktable.rank_id",
+                    f"{at}.rank_id",
+                    f"rank_id {device.get('rank_id')!r} is not a number",
+                    "number the ranks 0 .. world size - 1, host by host in device order",
                 )
             )
         elif rank in ranks:
             out.append(
-                Problem(
-                    rule="ranktable.rank_id",
-                    field=f"{at}.rank_id",
-                    message=f"rank_id {rank} is also {ranks[rank]}'s",
-                    fix="give every device its own rank, 0 .. world size - 1 (mm-agent ranktable)",
+                _problem(
+                    "ranktable.rank_id",
+                    f"{at}.rank_id",
+                    f"rank_id {rank} is also {ranks[rank]}'s",
+                    "give every device its own rank, 0 .. world size - 1 (mm-agent ranktable)",
                 )
             )
         else:
@@ -443,42 +447,41 @@ def check_ranktable(table: object, *, nnodes: int | None, npus_per_node: int | N
     out: list[Problem] = []
     if table.get("status") != COMPLETED:
         out.append(
-            Problem(
-                rule="ranktable.status",
-                field="status",
-                message=f"status is {table.get('status')!r}: HCCL only uses a table marked 'completed'",
-                fix='set "status": "completed" once every server is listed',
+            _problem(
+                "ranktable.status",
+                "status",
+                f"status is {table.get('status')!r}: HCCL only uses a table marked 'completed'",
+                'set "status": "completed" once every server is listed',
             )
         )
     servers = table.get("server_list")
     if not isinstance(servers, list):
         out.append(
-            Problem(
-                rule="ranktable.schema",
-                field="server_list",
-                message="no server_list array",
-                fix="regenerate it: mm-agent ranktable HOSTS_FILE --out <file> --yes",
+            _problem(
+                "ranktable.schema",
+                "server_list",
+                "no server_list array",
+                "regenerate it: mm-agent ranktable HOSTS_FILE --out <file> --yes",
             )
         )
         return out
     count = _int(table.get("server_count"))
     if count != len(servers):
         out.append(
-            Problem(
-                rule="ranktable.server_count",
-                field="server_count",
-                message=f"server_count is {table.get('server_count')!r} but server_list has "
-                f"{len(servers)} servers",
-                fix=f'set "server_count": "{len(servers)}" (the number of servers listed)',
+            _problem(
+                "ranktable.server_count",
+                "server_count",
+                f"server_count is {table.get('server_count')!r} but server_list has {len(servers)} servers",
+                f'set "server_count": "{len(servers)}" (the number of servers listed)',
             )
         )
     if nnodes is not None and len(servers) != nnodes:
         out.append(
-            Problem(
-                rule="ranktable.server_count",
-                field="server_list",
-                message=f"the table lists {len(servers)} servers; the job runs on {nnodes} nodes",
-                fix=f"list the job's {nnodes} nodes (one line each in the hosts file of "
+            _problem(
+                "ranktable.server_count",
+                "server_list",
+                f"the table lists {len(servers)} servers; the job runs on {nnodes} nodes",
+                f"list the job's {nnodes} nodes (one line each in the hosts file of "
                 "mm-agent ranktable), or render the job with --nnodes matching the table",
             )
         )
@@ -491,11 +494,11 @@ def check_ranktable(table: object, *, nnodes: int | None, npus_per_node: int | N
             sid = str(server.get("server_id"))
             if sid in seen:
                 out.append(
-                    Problem(
-                        rule="ranktable.server_id",
-                        field=f"server_list[{index}].server_id",
-                        message=f"server_id {sid} is also server_list[{seen[sid]}]'s",
-                        fix="list each server once, with its own host IP as server_id",
+                    _problem(
+                        "ranktable.server_id",
+                        f"server_list[{index}].server_id",
+                        f"server_id {sid} is also server_list[{seen[sid]}]'s",
+                        "list each server once, with its own host IP as server_id",
                     )
                 )
             seen.setdefault(sid, index)
@@ -506,12 +509,12 @@ def check_ranktable(table: object, *, nnodes: int | None, npus_per_node: int | N
     beyond = sorted(r for r in ranks if r >= total)
     if missing or beyond:
         out.append(
-            Problem(
-                rule="ranktable.rank_id",
-                field="server_list",
-                message=f"rank ids are not 0..{total - 1} each once: missing {missing[:8]}, "
+            _problem(
+                "ranktable.rank_id",
+                "server_list",
+                f"rank ids are not 0..{total - 1} each once: missing {missing[:8]}, "
                 f"beyond the range {beyond[:8]}",
-                fix="number the ranks 0 .. world size - 1, host by host in device order",
+                "number the ranks 0 .. world size - 1, host by host in device order",
             )
         )
     return out

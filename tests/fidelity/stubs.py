@@ -4,6 +4,9 @@ as a sibling module (a script's folder is on its `sys.path`)."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
 import types
 from typing import Any
 
@@ -34,3 +37,22 @@ class StubModule(types.ModuleType):
 def matches(name: str, prefixes: tuple[str, ...]) -> bool:
     """`name` is one of the `prefixes` modules or inside one of them."""
     return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+class Missing(importlib.abc.MetaPathFinder):
+    """Last on the path: a third-party module that a file under `roots` (MindSpeed-MM's or MindSpeed's) imports
+    and this environment lacks is loaded by `loader` (a stub); its name is appended to `used`."""
+
+    def __init__(self, roots: tuple[str, ...], loader: importlib.abc.Loader, used: list[str]) -> None:
+        self.roots, self.loader, self.used = roots, loader, used
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name.split(".")[0] in ("mindspeed_mm", "megatron", "mindspeed"):
+            return None
+        frame: types.FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+            frame = frame.f_back
+        if frame is None or not frame.f_code.co_filename.startswith(self.roots):
+            return None
+        self.used.append(name)
+        return importlib.machinery.ModuleSpec(name, self.loader, is_package=True)

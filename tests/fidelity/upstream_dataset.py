@@ -42,7 +42,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from stubs import StubModule, matches  # a sibling module: this script's folder is on sys.path
+from stubs import Missing, StubModule, matches  # a sibling module: this script's folder is on sys.path
 
 SPEC = json.loads(Path(sys.argv[1]).read_text())
 ROOTS = tuple(str(Path(SPEC[k]).resolve()) for k in ("mm", "mindspeed"))
@@ -87,21 +87,6 @@ class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-class _Missing(importlib.abc.MetaPathFinder):
-    """Last on the path: a third-party module MindSpeed-MM's (or MindSpeed's) files import and this environment lacks."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name.split(".")[0] in ("mindspeed_mm", "megatron", "mindspeed"):
-            return None
-        frame: types.FrameType | None = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
-            frame = frame.f_back
-        if frame is None or not frame.f_code.co_filename.startswith(ROOTS):
-            return None
-        USED.append(name)
-        return importlib.machinery.ModuleSpec(name, _Stubs(), is_package=True)
-
-
 def _install() -> None:
     os.environ["NON_MEGATRON"] = "true"
     sys.path[:0] = [ROOTS[0], ROOTS[1], SPEC["megatron"]]
@@ -110,7 +95,7 @@ def _install() -> None:
     from transformers.trainer_pt_utils import LabelSmoother  # noqa: F401
 
     sys.meta_path.insert(0, _Stubs())
-    sys.meta_path.append(_Missing())
+    sys.meta_path.append(Missing(ROOTS, _Stubs(), USED))
 
 
 def main() -> dict[str, Any]:
