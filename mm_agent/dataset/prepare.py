@@ -239,9 +239,7 @@ class _Run:
         """Images for an image task; videos for a video task, or its images when the folder holds no video."""
         if self.target.kind == "image-text":
             return {"image"}
-        if self._kinds is None:
-            has_video = any(media_kind(n) == "video" for _, _, names in os.walk(self.dir) for n in names)
-            self._kinds = {"video"} if has_video else {"image"}
+        assert self._kinds is not None, "set by _count, the scan's one counting walk"
         return self._kinds
 
     def items(self) -> Iterator[Item]:
@@ -304,10 +302,14 @@ def _batches(items: Iterator[Item], cache: ProbeCache, run: _Run) -> Iterator[li
 
 
 def _count(run: _Run) -> int:
+    """Media files in the folder (the progress total), by one walk that also settles which kind a video task
+    reads: its videos, or its images when it holds none."""
     if run.req.index:
         return 0  # an index is read once, streaming; progress has no total then
-    kinds = run.kinds()
-    return sum(1 for _, _, names in os.walk(run.dir) for n in names if media_kind(n) in kinds)
+    found = Counter(media_kind(n) for _, _, names in os.walk(run.dir) for n in names)
+    if run.target.kind != "image-text":
+        run._kinds = {"video"} if found["video"] else {"image"}
+    return sum(found[kind] for kind in run.kinds())
 
 
 def prepare_dataset(
