@@ -336,6 +336,25 @@ def test_symlink_loop_and_link_out_of_the_workspace(ws: Path, media: Path, tmp_p
     assert refused.value.field == "dir" and "outside" in str(refused.value)
 
 
+def test_a_caption_linked_out_of_the_workspace_or_a_fifo_caption_is_not_read(
+    ws: Path, media: Path, tmp_path: Path, job: str
+) -> None:
+    clips = ws / "clips"
+    good_folder(media, clips, FLOOR)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("a secret outside the workspace")
+    put(clips, "linked.mp4", media / "c4.mp4")
+    (clips / "linked.txt").symlink_to(secret)
+    put(clips, "piped.mp4", media / "c4.mp4")
+    os.mkfifo(clips / "piped.txt")  # opening it would block the scan for good
+
+    result = prepare(ws, dir="clips")
+    assert result.stats.reasons == {"outside_roots": 1, "caption_unreadable": 1}
+    assert sorted(rejected(result)) == ["linked.mp4", "piped.mp4"]
+    assert "secret" not in result.model_dump_json()
+    assert result.accepted == FLOOR
+
+
 def test_index_files_csv_detected_and_jsonl_named_columns(ws: Path, media: Path, job: str) -> None:
     clips = ws / "clips"
     put(clips, "a.mp4", media / "c0.mp4")

@@ -72,47 +72,85 @@ def read_caption(path: Path) -> tuple[str | None, str | None]:
     return (text, None) if text else (None, "no_caption")
 
 
+def _confined(entry: os.DirEntry[str], folder_inside: bool, workspace: Path) -> bool:
+    """Whether `entry` (in a folder judged `folder_inside`) really lies inside the allowed roots."""
+    try:
+        if not entry.is_symlink():
+            return folder_inside
+        return owning_root(Path(entry.path).resolve(strict=True), workspace) is not None
+    except (OSError, RuntimeError):
+        return True  # a dangling link: _regular says it cannot be read
+
+
+def _regular(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()  # follows a link: a dangling one is unreadable too
+    except OSError:
+        return False
+
+
 def walk(root: Path, workspace: Path | None, kinds: set[str], *, captions: bool = True) -> Iterator[Item]:
-    """Media files under `root` (sorted, recursive) as Items; `workspace` confines real paths (MCP)."""
+    """Media files under `root` (sorted, recursive) as Items; `workspace` confines real paths (MCP).
+
+    Each folder is resolved and judged against the roots once; a plain file in it (not a symlink) lies
+    where its folder does, so only symlinked files are resolved one by one."""
     seen: set[tuple[int, int]] = set()
 
-    def visit(folder: Path, rel: str) -> Iterator[Item]:
+    def visit(folder: str, rel: str) -> Iterator[Item]:
         try:
-            st = folder.stat()
+            st = os.stat(folder)
             if (st.st_dev, st.st_ino) in seen:
                 return
             seen.add((st.st_dev, st.st_ino))
+            real_folder = os.path.realpath(folder)
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError:
             return
+        folder_inside = workspace is None or owning_root(Path(real_folder), workspace) is not None
+        sidecars = {e.name: e for e in entries if e.name.endswith(".txt")} if captions else {}
         for entry in entries:
             name_rel = f"{rel}{entry.name}"
             try:
                 is_dir = entry.is_dir()
+                linked = entry.is_symlink()
             except OSError:
                 continue
             if is_dir:
                 if not entry.name.startswith("."):
-                    yield from visit(Path(entry.path), f"{name_rel}/")
+                    yield from visit(entry.path, f"{name_rel}/")
                 continue
             kind = media_kind(entry.name)
             if kind not in kinds:
                 continue
             item = Item(rel=name_rel, path=entry.path)
             try:
-                real = Path(entry.path).resolve(strict=True)
-                st = real.stat()
-                item.size, item.mtime_ns = st.st_size, st.st_mtime_ns
+                if linked:
+                    real = Path(entry.path).resolve(strict=True)
+                    st = real.stat()
+                else:
+                    st = entry.stat()
             except (OSError, RuntimeError) as exc:
                 item.problem, item.detail = "unreadable", str(exc)[:200]
                 yield item
                 continue
-            if workspace is not None and owning_root(real, workspace) is None:
+            item.size, item.mtime_ns = st.st_size, st.st_mtime_ns
+            inside = (
+                folder_inside if not linked else workspace is None or owning_root(real, workspace) is not None
+            )
+            if not inside:
                 item.problem = "outside_roots"
                 yield item
                 continue
             if captions:
-                item.caption, item.problem = read_caption(Path(entry.path).with_suffix(".txt"))
+                sidecar = sidecars.get(os.path.splitext(entry.name)[0] + ".txt")
+                if sidecar is None:
+                    item.problem = "no_caption"
+                elif workspace is not None and not _confined(sidecar, folder_inside, workspace):
+                    item.problem = "outside_roots"  # a caption linked out of the workspace is not read
+                elif not _regular(sidecar):
+                    item.problem = "caption_unreadable"  # a FIFO or device would block the scan
+                else:
+                    item.caption, item.problem = read_caption(Path(sidecar.path))
             yield item
 
-    yield from visit(root, "")
+    yield from visit(str(root), "")
