@@ -32,6 +32,7 @@ from mm_agent.wan_weights import WanWeights, read_wan_weights
 
 Runtime = Literal["mindspeed-mm", "bundled"]
 Device = Literal["auto", "npu", "cuda", "cpu"]
+Launcher = Literal["pdsh", "ascendjob", "volcano", "slurm"]
 BUNDLED_TEMPLATE = "bundled_generative"
 DEFAULT_SEED = 1234  # Megatron's --seed default, so an unseeded bundled job matches MindSpeed-MM's
 # What a job trains with when neither the request, the size's arch.task_defaults nor the task's registry
@@ -111,6 +112,7 @@ class JobSpec(BaseModel):
     device: Device | None = Field(
         default=None, description="bundled runtime device (auto: NPU, else CUDA, else CPU)"
     )
+    launcher: Launcher | None = None
 
     @field_validator("num_frames")
     @classmethod

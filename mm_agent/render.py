@@ -22,6 +22,7 @@ from mm_agent.errors import MMAgentError
 from mm_agent.fields import PathText
 from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
 from mm_agent.jobwrite import write_job
+from mm_agent.launchers import LAUNCHER_FILES, launcher_steps, render_launcher
 from mm_agent.paths import confine, read_file, resolve, roots_of
 from mm_agent.templating import jinja_environment, templates_dir
 
@@ -122,6 +123,10 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
             continue
         _check_parses(rel, text)
         files[rel] = text
+    if job.spec.launcher is not None:
+        for rel, text in render_launcher(job, job.spec.launcher, _train_script(job, files)).items():
+            _check_parses(rel, text)
+            files[rel] = text
     files[JOB_FILE] = (
         "# Inputs of `mm-agent render`; re-render with: mm-agent render --from job.yaml\n"
         + yaml.safe_dump(
@@ -129,6 +134,18 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
         )
     )
     return files
+
+
+def _train_script(job: ResolvedJob, files: dict[str, str]) -> str:
+    """The job's training-stage script (what a launcher starts on every node)."""
+    found = next((rel for rel, stage in _STAGE_OF_SCRIPT.items() if stage == "train" and rel in files), None)
+    if found is None:
+        raise MMAgentError(
+            f"this {job.entry.id} {job.task.id} job has no training script for launcher {job.spec.launcher!r}",
+            field="launcher",
+            fix="render it without --launcher and start its scripts yourself",
+        )
+    return found
 
 
 def _job_files(target: Path, root: Path | None) -> set[str] | None:
@@ -175,6 +192,13 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         source = str(Path(job.weights_dir) / "transformer")
         steps.append(shlex.join(bundled_convert_command(job.entry, source=source, target=job.load_path)))
         steps.append(f"mm-agent validate {shlex.quote(d)}")
+        if job.spec.launcher is not None:
+            if job.uses_features:  # one node extracts for all of them, onto the shared feature_dir
+                steps.append(f"{_ONE_NODE} mm-agent extract {shlex.quote(d)} --yes --wait")
+            steps += launcher_steps(job, job.spec.launcher)
+            if "inference.sh" in files:
+                steps.append(f"mm-agent sample {shlex.quote(d)} --yes --wait")
+            return steps
         if job.nnodes > 1:
             # the job manager starts one node; every node runs the same scripts with its own rank
             launch = ["feature_extract/feature_extraction.sh"] if job.uses_features else []
@@ -208,10 +232,19 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         steps.append(f"cd {shlex.quote(job.mm_root)} && {shlex.join(argv)}")
     steps.append(f"mm-agent validate {shlex.quote(d)}")
     scripts = sorted(
-        p for p in files if p.endswith(".sh") and not p.startswith(("feature_extract/", "inference"))
+        p
+        for p in files
+        if p.endswith(".sh")
+        and not p.startswith(("feature_extract/", "inference"))
+        and p not in LAUNCHER_FILES.values()
     )
     if job.uses_features:
         scripts.insert(0, "feature_extract/feature_extraction.sh")
+    if job.spec.launcher is not None:
+        train = _train_script(job, files)
+        # before training, on one node (features land on the shared feature_dir)
+        steps += [f"{_ONE_NODE} bash {shlex.quote(d + '/' + s)}" for s in scripts if s != train]
+        return steps + launcher_steps(job, job.spec.launcher)
     if job.nnodes > 1:
         return steps + _per_node(job, scripts)
     steps += [f"bash {shlex.quote(d + '/' + s)}" for s in scripts]
@@ -219,6 +252,7 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
 
 
 # Nodes listed one command each; above this, node 0, node 1 and one line for the rest.
+_ONE_NODE = "NNODES=1 NODE_RANK=0"  # a multi-node job's script run on a single node (feature extraction)
 _NODES_LISTED = 8
 
 
@@ -226,7 +260,8 @@ def _master_addr_step(job: ResolvedJob) -> list[str]:
     """A multi-node job whose master address no other node can reach: the re-render comes first."""
     from mm_agent.validate.rules_multinode import unreachable
 
-    why = unreachable(job.spec.master_addr) if job.nnodes > 1 else None
+    # a cluster launcher gives every node the master's address itself
+    why = unreachable(job.spec.master_addr) if job.nnodes > 1 and job.spec.launcher is None else None
     if why is None:
         return []
     d = shlex.quote(job.job_dir)

@@ -21,8 +21,8 @@ from mm_agent.render import RenderRequest, load_job_spec, render_job, spec_error
 from .output import add_json_flag, console, print_json
 
 _POSITIONAL = {"model"}
-# Help for the JobSpec fields whose schema carries no description (kept short there: the MCP tool list is
-# read by an assistant on every session, the CLI help only by whoever asks for it).
+# CLI help for JobSpec fields whose schema description is absent or too short to use (kept short there: the
+# MCP tool list is read by an assistant on every session, the CLI help only by whoever asks for it).
 _HELP = {
     "npus_per_node": "NPUs on each node; the job uses npus-per-node x nnodes (default: the size's stock value)",
     "nnodes": "number of nodes (default: the size's stock value, usually 1)",
@@ -37,6 +37,9 @@ _HELP = {
     "gbs": "global batch size, a multiple of mbs x data-parallel size (default: mbs x DP x grad-acc)",
     "grad_acc": "gradient-accumulation steps, used when --gbs is not given (default: the stock value)",
     "recompute": "activation recomputation (default on; --no-recompute trades memory for speed)",
+    "launcher": "also write a launcher that starts training on every node: pdsh (launch_all.sh HOSTFILE), "
+    "ascendjob (ascendjob.yaml, Ascend Operator), volcano (volcano_job.yaml) or slurm (slurm.sbatch); "
+    "see docs/launchers.md",
 }
 
 
@@ -80,7 +83,7 @@ def add_parser(sub: Any) -> None:
     for name, field in JobSpec.model_fields.items():
         if name in _POSITIONAL:
             continue
-        help_text = field.description or _HELP.get(name, "")
+        help_text = _HELP.get(name) or field.description or ""
         if field.annotation is bool:
             p.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
             continue

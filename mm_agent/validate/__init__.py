@@ -20,6 +20,7 @@ from mm_agent.validate import (
     rules_data,
     rules_dataset,
     rules_generative,
+    rules_launcher,
     rules_mmparser,
     rules_multinode,
     rules_parallel,
@@ -100,6 +101,7 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         rules_vlm,
         rules_multinode,
         rules_ranktable,
+        rules_launcher,
     ):
         try:
             rules.check(job)
