@@ -42,6 +42,7 @@ from runtime.dist import (  # noqa: E402
 )
 from runtime.errors import RuntimeFailure, run_main  # noqa: E402
 from runtime.flow import FlowConfig, FlowMatching  # noqa: E402
+from runtime.liveness import Liveness  # noqa: E402
 from runtime.mmconfig import load_json, require  # noqa: E402
 from runtime.trainlog import TrainLog  # noqa: E402
 from runtime.trainsets import ClipSource, Failed, FeatureSource, RankSlice, StreamSampler, collate  # noqa: E402
@@ -461,10 +462,22 @@ class Trainer:
         barrier()
         self.saved_at = self.iteration
 
-    def run(self) -> int:
-        args = self.args
+    def run(self, liveness: Liveness) -> int:
         delay = float(os.environ.get(SLOW_ENV) or 0)
+        try:
+            return self._loop(liveness, delay)
+        except RuntimeFailure:
+            raise
+        except Exception as exc:  # a collective that lost its peer: name the node when the error says which
+            failure = liveness.peer_failure(exc)
+            if failure is None:
+                raise
+            raise failure from None
+
+    def _loop(self, liveness: Liveness, delay: float) -> int:
+        args = self.args
         while self.iteration < args.train_iters:
+            liveness.iteration = self.iteration + 1
             s = self.step()
             self.log.record(
                 s.iteration,
@@ -491,8 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device, env_ranks().local_rank, bf16=args.bf16)
     info = init_distributed(device)
+    liveness = Liveness(info.rank, info.world_size)
     try:
-        return Trainer(args, device, info).run()
+        liveness.save_dir = Path(args.save) if args.save else None
+        liveness.start()
+        code = Trainer(args, device, info).run(liveness)
+        liveness.finish()
+        return code
     finally:
         destroy()
 

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from demorun import run_demo_cli
 
+from mm_agent.demo import DemoReport
 from mm_agent.jobs import list_jobs, stop_job
 from mm_agent.runs import runs_dir
 
@@ -42,3 +44,9 @@ def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         for run in list_jobs().jobs:
             if run.state == "running" or run.pids:
                 stop_job(run.run_id, confirm=True, timeout_s=2)
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
+    """One real demo run for the whole session (tests/demorun.py)."""
+    return run_demo_cli(tmp_path_factory.mktemp("demo"))

@@ -8,19 +8,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from demorun import CLIPS, ITERS, cli
 
 from mm_agent.cli.demo import print_summary
 from mm_agent.demo import LOSS_WINDOW, MARKER, DemoReport, DemoRequest, prepare_run_dir, run_demo
 from mm_agent.diagnose import DiagnoseRequest, diagnose_errors
 from mm_agent.errors import MMAgentError
 
-CLIPS, ITERS, FRAMES = 4, 40, 17
+FRAMES = 17
 STAGES = [
     "dataset",
     "weights",
@@ -33,32 +33,6 @@ STAGES = [
     "sample",
     "diagnose",
 ]
-
-
-def _cli() -> list[str]:
-    exe = Path(sys.executable).with_name("mm-agent")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "mm_agent"]
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
-    """One real demo run, small: the `--json` CLI in a subprocess with its own state dir."""
-    root = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "MM_AGENT_STATE_DIR": str(root / "state")}
-    argv = [
-        *_cli(),
-        "demo",
-        "--json",
-        "--dir",
-        str(root / "demo"),
-        "--clips",
-        str(CLIPS),
-        "--iters",
-        str(ITERS),
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-    report = DemoReport.model_validate_json(proc.stdout)
-    return report, proc
 
 
 @pytest.mark.slow
@@ -145,7 +119,7 @@ def test_refuses_a_non_demo_directory(tmp_path: Path) -> None:
 
 def test_cli_refuses_a_non_demo_directory_without_traceback(tmp_path: Path) -> None:
     (tmp_path / "data.csv").write_text("1,2\n", encoding="utf-8")
-    proc = subprocess.run([*_cli(), "demo", "--json", "--dir", str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run([*cli(), "demo", "--json", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "not an mm-agent demo directory" in proc.stderr and "fix:" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -180,7 +154,7 @@ def test_ctrl_c_stops_the_running_stage(tmp_path: Path, monkeypatch: pytest.Monk
     state = tmp_path / "state"
     monkeypatch.setenv("MM_AGENT_STATE_DIR", str(state))
     env = dict(os.environ)
-    argv = [*_cli(), "demo", "--json", "--dir", str(tmp_path / "demo"), "--clips", "2", "--iters", "6"]
+    argv = [*cli(), "demo", "--json", "--dir", str(tmp_path / "demo"), "--clips", "2", "--iters", "6"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
