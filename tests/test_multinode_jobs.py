@@ -89,14 +89,20 @@ def test_two_nodes_train_as_one_host_lose_a_node_and_resume(
         two = render(spec, tmp_path / "two", **layout, save_path=str(tmp_path / "ckpt-two"))
         both = ended(nodes(two, a, b, "two"))
         assert [r["state"] for r in both] == ["succeeded", "succeeded"], both
-        assert losses(tmp_path / "ckpt-two") == losses(tmp_path / "ckpt-one")  # same global batch, bit for bit
+        assert losses(tmp_path / "ckpt-two") == losses(
+            tmp_path / "ckpt-one"
+        )  # same global batch, bit for bit
 
         lost = render(spec, tmp_path / "lost", **layout, save_path=str(tmp_path / "ckpt-lost"))
         tracker = tmp_path / "ckpt-lost" / "latest_checkpointed_iteration.txt"
         running = nodes(lost, a, b, "lost", MM_AGENT_LOST_NODE_S=LOST_S, MM_AGENT_TRAIN_TEST_DELAY="0.5")
         end = time.monotonic() + 240
-        while not (tracker.is_file() and tracker.read_text().strip() == str(EVERY)) and time.monotonic() < end:
-            assert all(p.poll() is None for p in running), [result(p) for p in running if p.poll() is not None]
+        while (
+            not (tracker.is_file() and tracker.read_text().strip() == str(EVERY)) and time.monotonic() < end
+        ):
+            assert all(p.poll() is None for p in running), [
+                result(p) for p in running if p.poll() is not None
+            ]
             time.sleep(0.1)
         subprocess.run(b.argv(["ip", "link", "set", b.dev, "down"]), check=True, timeout=30)
         cut = time.monotonic()
@@ -106,8 +112,12 @@ def test_two_nodes_train_as_one_host_lose_a_node_and_resume(
         causes = [r["root_cause"] for r in failed]
         assert [c["rule_id"] for c in causes] == ["node_lost", "node_lost"], causes
         assert f"lost node 1 of 2 ({b.ip}" in causes[0]["title"]  # node A names B, and B names A
-        assert f"lost node 0 of 2 ({a.ip}" in causes[1]["title"] or "lost the master node" in causes[1]["title"]
-        assert "resumes from its last checkpoint (iteration 4)" in " ".join(f["text"] for f in causes[0]["fixes"])
+        assert (
+            f"lost node 0 of 2 ({a.ip}" in causes[1]["title"] or "lost the master node" in causes[1]["title"]
+        )
+        assert "resumes from its last checkpoint (iteration 4)" in " ".join(
+            f["text"] for f in causes[0]["fixes"]
+        )
 
         subprocess.run(b.argv(["ip", "link", "set", b.dev, "up"]), check=True, timeout=30)
         again = ended(nodes(lost, a, b, "again"))

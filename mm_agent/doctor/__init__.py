@@ -13,6 +13,7 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mm_agent.doctor.context import Context
@@ -63,10 +64,14 @@ def _machine(ctx: Context) -> MachineSummary:
     )
 
 
-def check_environment(req: DoctorRequest, root: Path | None = None) -> DoctorReport:
+def check_environment(
+    req: DoctorRequest, root: Path | None = None, *, inspect: Callable[[Context], None] | None = None
+) -> DoctorReport:
     """Run the registered checks (all, or `req.checks`) concurrently. With `root` (the MCP workspace) the
     job and every path it names, mm_root and python's folder must lie inside it; `python` must be a
-    CPython executable (`interpreter.py`). Nothing a probe started is left running when this returns."""
+    CPython executable (`interpreter.py`). Nothing a probe started is left running when this returns.
+    `inspect` sees the run's context after the checks, while their cached probes are still at hand (the
+    node fingerprint of `fingerprint.py` is built from them)."""
     start = time.monotonic()
     if req.checks:
         unknown = [c for c in req.checks if c not in CHECKS]
@@ -81,6 +86,8 @@ def check_environment(req: DoctorRequest, root: Path | None = None) -> DoctorRep
     try:
         results = run_checks(ctx, selected)
         machine = _machine(ctx)
+        if inspect is not None:
+            inspect(ctx)
     finally:
         ctx.scope.close()  # a probe still running past the deadline dies now, with all it started
     counts = {s: sum(r.status == s for r in results) for s in ("ok", "warn", "fail", "skip")}

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import shutil
 
-import psutil
-
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
 
@@ -43,8 +41,7 @@ def pdsh(ctx: Context) -> Outcome:
 def socket_ifname(ctx: Context) -> Outcome:
     if ctx.nnodes <= 1:
         return skip("single-node job")
-    addrs = psutil.net_if_addrs()
-    stats = psutil.net_if_stats()
+    addrs, stats = ctx.nics()
     nics = sorted(n for n in addrs if n != "lo")
     listing = [
         f"{n}: {', '.join(a.address for a in addrs[n] if a.family.name == 'AF_INET') or 'no IPv4'}"

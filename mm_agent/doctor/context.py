@@ -393,6 +393,13 @@ class Context:
     def records(self) -> dict[int, procs.ProcRecord]:
         return self._once("records", procs.live_records)
 
+    def nics(self) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+        """psutil's (net_if_addrs, net_if_stats): read once, so the IFNAME check and the node fingerprint
+        (`fingerprint.py`) describe the same NICs."""
+        import psutil
+
+        return self._once("nics", lambda: (psutil.net_if_addrs(), psutil.net_if_stats()))
+
     def overlay(self) -> Any:
         return self.model.deps_for(self.version.id) if self.model else None
 
