@@ -70,7 +70,9 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         )
     if r.candidates and not r.question:
         lines.append(f"Why: {r.candidates[0].explanation}")  # (only here: the data leaves it out)
-        lines.append(f"Next: install_deps model={r.candidates[0].model_id}, then render_job (dry run).")
+        best = r.candidates[0]
+        launch = f" launcher={best.launcher}" if getattr(best, "launcher", None) else ""
+        lines.append(f"Next: install_deps model={best.model_id}, then render_job{launch} (dry run).")
     if len(r.candidates) > 5:
         lines.append(f"... {len(r.candidates) - 5} more candidates in the data.")
     if not detail and r.candidates:

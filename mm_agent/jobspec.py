@@ -33,6 +33,13 @@ from mm_agent.wan_weights import WanWeights, read_wan_weights
 Runtime = Literal["mindspeed-mm", "bundled"]
 Device = Literal["auto", "npu", "cuda", "cpu"]
 Launcher = Literal["pdsh", "ascendjob", "volcano", "slurm"]
+# The file each launcher is rendered to (mm_agent/launchers.py); the router names it too.
+LAUNCHER_FILES: dict[Launcher, str] = {
+    "pdsh": "launch_all.sh",
+    "ascendjob": "ascendjob.yaml",
+    "volcano": "volcano_job.yaml",
+    "slurm": "slurm.sbatch",
+}
 BUNDLED_TEMPLATE = "bundled_generative"
 DEFAULT_SEED = 1234  # Megatron's --seed default, so an unseeded bundled job matches MindSpeed-MM's
 # What a job trains with when neither the request, the size's arch.task_defaults nor the task's registry

@@ -17,15 +17,9 @@ from typing import Any
 from jinja2 import TemplateError
 
 from mm_agent.errors import MMAgentError
-from mm_agent.jobspec import Launcher, ResolvedJob
+from mm_agent.jobspec import LAUNCHER_FILES, Launcher, ResolvedJob
 from mm_agent.templating import jinja_environment, templates_dir
 
-LAUNCHER_FILES: dict[Launcher, str] = {
-    "pdsh": "launch_all.sh",
-    "ascendjob": "ascendjob.yaml",
-    "volcano": "volcano_job.yaml",
-    "slurm": "slurm.sbatch",
-}
 # What a manifest's image is until the user sets it; the validator warns while it is there.
 IMAGE_PLACEHOLDER = "IMAGE"
 NPU_RESOURCE = "huawei.com/Ascend910"

@@ -26,7 +26,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
 from mm_agent.fields import REQUEST_CHARS, Name
-from mm_agent.jobspec import Runtime, bundled_refusal
+from mm_agent.jobspec import LAUNCHER_FILES, Launcher, Runtime, bundled_refusal
 from mm_agent.pipeline import PipelineStage, build_pipeline
 from mm_agent.registry import DATA_DIR, Registry, get_registry
 from mm_agent.registry.hardware import load_hardware
@@ -56,8 +56,14 @@ class FamilyWords(_Strict):
     tasks: list[TaskId] | None = Field(default=None, description="narrows the family to these tasks")
 
 
+class LauncherWords(_Strict):
+    launcher: Launcher
+    words: list[str]
+
+
 class Vocabulary(_Strict):
     tasks: list[TaskWords]
+    launchers: list[LauncherWords] = Field(description="in priority order: the first named wins")
     families: list[FamilyWords]
     numerals: dict[str, int]
     npu_units: list[str]
@@ -124,6 +130,7 @@ class ParsedRequest(_Strict):
         default_factory=list, description="accelerators/servers named (hardware.yaml)"
     )
     families: list[str] = Field(default_factory=list)
+    launcher: Launcher | None = Field(default=None, description="cluster or launcher named")
 
 
 class RouteChoice(_Strict):
@@ -154,6 +161,9 @@ class RouteCandidate(_Strict):
     score: float
     npus_per_node: int = Field(description="NPUs per node of the launch (asked for, else the size's default)")
     nnodes: int = Field(description="nodes of the launch (asked for, else the size's default)")
+    launcher: Launcher | None = Field(
+        default=None, description="render_job launcher for several nodes (named, else pdsh)"
+    )
     runtime: Runtime = Field(description="which runtime `pipeline` is for")
     pipeline: list[PipelineStage] = Field(description="the 8 stages (the best candidate only, unless detail)")
 
@@ -293,6 +303,7 @@ class _Parse:
     npus_per_node: int | None = None
     nodes: int | None = None
     hardware: list[str] = field(default_factory=list)
+    launcher: Launcher | None = None
     unknown: list[str] = field(default_factory=list)  # model-like words that name no registry model
     notes: list[str] = field(default_factory=list)  # how the counts were read, when not as written
     phrases: list[str] = field(default_factory=list)  # vocabulary phrases found, for the question
@@ -432,6 +443,7 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
 
     p.version = _parse_version(t, reg, vocab)
     p.hardware = _parse_hardware(t)
+    p.launcher = _parse_launcher(t, vocab)
     _parse_counts(p, vocab)
 
     aliases = _derived(
@@ -488,6 +500,17 @@ def _parse_hardware(t: _Text) -> list[str]:
             if not any(t.used[t.pos[i]] for i in range(start, end)):
                 t.consume_norm(t.pos[start], t.pos[end - 1] + 1)
                 _add(found, name)
+    return found
+
+
+def _parse_launcher(t: _Text, vocab: Vocabulary) -> Launcher | None:
+    """The first launcher (in vocabulary order) the request names; every launcher word is consumed, so
+    "k8s" or "sbatch" is never taken for an unknown model name."""
+    found: Launcher | None = None
+    for entry in vocab.launchers:
+        for word in entry.words:
+            if _compact(word)[0] in t.compact and t.take(word) and found is None:
+                found = entry.launcher
     return found
 
 
@@ -793,6 +816,9 @@ def _candidate(
         if needs_fe and fe:
             why.append(f"needs offline feature extraction ({fe.script})")
     per_node, nodes = _layout(p, s.size)
+    launcher = p.launcher or ("pdsh" if nodes > 1 else None)
+    if launcher is not None:
+        why.append(f"started on every node by render_job launcher={launcher} ({LAUNCHER_FILES[launcher]})")
     why += p.notes
     conv = entry.converter
     return RouteCandidate(
@@ -815,6 +841,7 @@ def _candidate(
         score=s.score,
         npus_per_node=per_node,
         nnodes=nodes,
+        launcher=launcher,
         runtime=runtime,
         pipeline=list(
             _pipeline(entry.id, task.id, task.backend, s.size.id, version, per_node, nodes, runtime)
@@ -928,6 +955,7 @@ def route_model(req: RouteRequest) -> RouteResult:
         npus_per_node=p.npus_per_node,
         nodes=p.nodes,
         hardware=p.hardware,
+        launcher=p.launcher,
         families=list(
             dict.fromkeys([f.family for f in p.families] + [tw.family for tw in p.tasks if tw.family])
         ),

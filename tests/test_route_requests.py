@@ -287,3 +287,30 @@ def test_count_hardware_and_unknown_passes_stay_linear(unit: str) -> None:
     start = time.perf_counter()
     _parse(text, get_registry(), load_vocabulary())
     assert time.perf_counter() - start < 5.0
+
+
+# (request, launcher the text names, launcher of the best candidate, its nodes)
+LAUNCHERS = [
+    ("fine-tune wan2.1 t2v on 4 nodes", None, "pdsh", 4),
+    ("train qwen2.5-vl 7b on our Volcano cluster, 2 nodes x 8", "volcano", "volcano", 2),
+    ("wan2.1 t2v with Slurm on 2 nodes", "slurm", "slurm", 2),
+    ("wan2.1 t2v via sbatch, 2 nodes", "slurm", "slurm", 2),
+    ("wan2.1 t2v on MindCluster (Ascend Operator), 2 nodes x 8", "ascendjob", "ascendjob", 2),
+    ("在k8s集群上用2台机器训练wan2.1 文生视频", "ascendjob", "ascendjob", 2),
+    ("wan2.1 t2v on our Volcano cluster on Kubernetes, 2 nodes", "volcano", "volcano", 2),
+    ("wan2.1 t2v over ssh on 2 bare-metal hosts", "pdsh", "pdsh", 2),
+    ("wan2.1 t2v on one node", None, None, 1),
+]
+
+
+@pytest.mark.parametrize(("text", "named", "launcher", "nodes"), LAUNCHERS)
+def test_the_cluster_named_picks_the_launcher(
+    capsys: pytest.CaptureFixture[str], text: str, named: str | None, launcher: str | None, nodes: int
+) -> None:
+    (result,) = both(capsys, text)
+    assert result["parsed"]["launcher"] == named
+    best = result["candidates"][0]
+    assert (best["launcher"], best["nnodes"]) == (launcher, nodes)
+    assert not result["question"]  # "k8s", "sbatch" are not taken for unknown model names
+    if launcher:
+        assert f"launcher={launcher}" in best["explanation"]

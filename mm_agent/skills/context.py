@@ -140,12 +140,14 @@ def words(items: Iterable[Any]) -> str:
 
 def skill_context() -> dict[str, Any]:
     """The template context (contract K2): registry, default_version, workflows, tools, signatures, cli,
-    native.
+    native, launchers.
 
     `cli` maps a tool name to the CLI command of its first workflow step (scenario order), the command an
     assistant without MCP, or a person, types instead of the tool call. `native` maps each converter that
-    `convert_weights` runs itself to its methods, so the skills cannot drift from `mm_agent.convert`."""
+    `convert_weights` runs itself to its methods, so the skills cannot drift from `mm_agent.convert`;
+    `launchers` maps each render_job launcher to the file it writes."""
     from mm_agent.convert.plan import NATIVE
+    from mm_agent.jobspec import LAUNCHER_FILES
     from mm_agent.skills.workflows import load_workflows
 
     registry = get_registry()
@@ -158,4 +160,5 @@ def skill_context() -> dict[str, Any]:
         "signatures": list_signatures(),
         "cli": workflows.cli_for_tools(),
         "native": {conv: sorted(methods) for conv, methods in NATIVE.items()},
+        "launchers": dict(LAUNCHER_FILES),
     }
