@@ -34,11 +34,15 @@ def templates_dir() -> Path:
 def _bytecode_cache() -> BytecodeCache | None:
     """Compiled templates kept in the state directory, so a CLI call or a fresh server does not compile the
     ~20 templates of a job again (a quarter of a second): Jinja checks each entry against its template's
-    source and Python version, and writes through a temporary name. None when the folder cannot be made
-    or others could write to it."""
-    folder = state_dir() / "jinja"
+    source and Python version, and writes through a temporary name. None until mm-agent has a state
+    directory (it never makes one just for this), when the folder cannot be made, or when others could
+    write to it."""
+    state = state_dir()
+    if not state.is_dir():  # a dry run on a fresh machine leaves nothing behind: no state, no cache
+        return None
+    folder = state / "jinja"
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder.mkdir(exist_ok=True, mode=0o700)
         st = folder.lstat()
     except OSError:
         return None

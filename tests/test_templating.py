@@ -36,11 +36,14 @@ def _render(tmp_path: Path, state: Path) -> str:
 def test_a_second_process_renders_the_same_job_from_the_compiled_templates(tmp_path: Path) -> None:
     state = tmp_path / "state"
     first = _render(tmp_path, state)
+    assert not state.exists()  # a render never makes the state directory just for its cache
+    state.mkdir()
+    assert _render(tmp_path, state) == first
     cached = sorted((state / "jinja").iterdir())
     assert cached and all(p.suffix == ".cache" for p in cached)
     assert (state / "jinja").stat().st_mode & 0o777 == 0o700
     stamps = {p.name: p.stat().st_mtime_ns for p in cached}
-    assert _render(tmp_path, state) == first
+    assert _render(tmp_path, state) == first  # from the cache
     again = {p.name: p.stat().st_mtime_ns for p in (state / "jinja").iterdir()}
     assert again == stamps  # read, not rewritten
 
