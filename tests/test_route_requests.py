@@ -314,3 +314,23 @@ def test_the_cluster_named_picks_the_launcher(
     assert not result["question"]  # "k8s", "sbatch" are not taken for unknown model names
     if launcher:
         assert f"launcher={launcher}" in best["explanation"]
+
+
+# (request, size the text names) — issue 17: LoRA words in English and Chinese reach Wan2.1's LoRA task
+LORA_REQUESTS = [
+    ("LoRA fine-tune Wan2.1 1.3B", "1.3b"),
+    ("train a low-rank adapter for wan2.1 14b", "14b"),
+    ("wan2.1 1.3b 低秩适配微调", "1.3b"),
+    ("用低秩方法微调万相2.1 14B", "14b"),
+    ("给wan2.1 1.3b训练一个适配器", "1.3b"),
+]
+
+
+@pytest.mark.parametrize(("text", "size"), LORA_REQUESTS)
+def test_lora_words_route_to_the_wan21_lora_task(
+    capsys: pytest.CaptureFixture[str], text: str, size: str
+) -> None:
+    (result,) = both(capsys, text)
+    assert "lora" in result["parsed"]["tasks"]
+    top = result["candidates"][0]
+    assert (top["model_id"], top["task"], top["size"]) == ("wan2.1", "lora", size)

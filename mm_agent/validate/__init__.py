@@ -21,6 +21,7 @@ from mm_agent.validate import (
     rules_dataset,
     rules_generative,
     rules_launcher,
+    rules_lora,
     rules_mmparser,
     rules_multinode,
     rules_parallel,
@@ -102,6 +103,7 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         rules_multinode,
         rules_ranktable,
         rules_launcher,
+        rules_lora,
     ):
         try:
             rules.check(job)

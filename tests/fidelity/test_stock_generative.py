@@ -50,6 +50,15 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
         for task in ("t2v", "i2v")
         for size in ("1.3b", "14b")
     },
+    **{
+        ("wan2.1", "lora", "megatron", size): {
+            "train": f"examples/wan2.1/{size}/t2v/finetune_lora.sh",
+            "sample": f"examples/wan2.1/{size}/t2v/inference.sh",
+            "extract": "examples/wan2.1/feature_extract/feature_extraction.sh",
+            "extract --mm-model": "examples/wan2.1/feature_extract/model_t2v.json",
+        }
+        for size in ("1.3b", "14b")
+    },
     ("wan2.1", "t2v", "megatron+fsdp2", "14b"): {
         "train": "examples/wan2.1/14b/t2v/pretrain_fsdp2.sh",
         "sample": "examples/wan2.1/14b/t2v/inference.sh",
