@@ -55,7 +55,7 @@ HINT_DEFAULTS = {
     "idempotent_hint": False,
     "open_world_hint": True,
 }
-TOOLS_LIST_BUDGET = 16_000  # characters of compact JSON every client reads before the first call
+TOOLS_LIST_BUDGET = 16_400  # characters of compact JSON every client reads before the first call
 
 
 def _hints(tool: Any) -> dict[str, bool]:

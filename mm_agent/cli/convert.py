@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
         "  mm-agent convert WanConverter mm_to_hf --source save_dir --target out --hf-dir "
         "Wan2.1-T2V-1.3B-Diffusers/transformer --yes\n"
         "  mm-agent convert Qwen2_5_VLConverter hf_to_mm --source Qwen2.5-VL-7B-Instruct --target "
-        "ckpt/qwen-mm --pp-layers 12,16 --vit-pp-layers 32,0 --yes",
+        "ckpt/qwen-mm --pp-layers 12,16 --vit-pp-layers 32,0 --yes\n"
+        "  mm-agent convert WanConverter merge_lora_to_base --source ckpt/wan-mm --lora save_dir --target "
+        "ckpt/wan-merged --lora-rank 16 --lora-alpha 16 --yes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("converter", help="MindSpeed-MM converter class, e.g. WanConverter")
@@ -57,6 +59,13 @@ def add_parser(sub: Any) -> None:
         help="layers per PP stage: 7,8,8,7 or '[[3,4,4,4],[3,4,4,4]]' (VPP); VLMs: the LLM layers",
     )
     p.add_argument("--vit-pp-layers", metavar="LIST", help="VLMs: ViT layers per PP stage (ViT first)")
+    p.add_argument(
+        "--lora", metavar="DIR", help="merge_lora_to_base: the LoRA checkpoint (training --save dir)"
+    )
+    p.add_argument("--lora-rank", type=int, help="merge_lora_to_base: LoRA rank (default 8, as mm-convert)")
+    p.add_argument(
+        "--lora-alpha", type=int, help="merge_lora_to_base: LoRA alpha (default 16, as mm-convert)"
+    )
     p.add_argument("--converter-version", metavar="V", help="mm-convert init arg --version (e.g. i2v, v1.5)")
     p.add_argument("--verify", action="store_true", help="compare source and converted weights numerically")
     p.add_argument("--yes", action="store_true", help="convert (default: show the plan only)")
@@ -91,6 +100,9 @@ def _request(args: argparse.Namespace) -> ConvertRequest:
         "source_tp": args.source_tp,
         "pp_layers": parse_layers(args.pp_layers, "--pp-layers"),
         "vit_pp_layers": parse_layers(args.vit_pp_layers, "--vit-pp-layers"),
+        "lora_path": args.lora,
+        "lora_rank": args.lora_rank,
+        "lora_alpha": args.lora_alpha,
         "converter_version": args.converter_version,
         "verify": args.verify,
         "confirm": args.yes,

@@ -37,8 +37,10 @@ def resolve_request(req: ConvertRequest, root: Path | None) -> ConvertRequest:
         return str(Path(raw).expanduser().resolve())
 
     update = {"source": one(req.source), "target": one(req.target)}
-    if req.hf_dir is not None:
-        update["hf_dir"] = one(req.hf_dir)
+    for name in ("hf_dir", "lora_path"):
+        raw = getattr(req, name)
+        if raw is not None:
+            update[name] = one(raw)
     return req.model_copy(update=update)
 
 

@@ -92,7 +92,7 @@ def read_manifest(directory: Path, root: Path | None = None) -> Manifest | None:
         ) from exc
 
 
-SETTINGS = ("converter", "method", "tp", "pp_layers", "vit_pp_layers")
+SETTINGS = ("converter", "method", "tp", "pp_layers", "vit_pp_layers", "lora_rank", "lora_alpha")
 
 
 def setting_differences(old: Manifest, requested: dict[str, Any]) -> list[str]:

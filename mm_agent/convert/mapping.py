@@ -101,6 +101,22 @@ class UpstreamOp(_Strict):
     op: str = Field(description="the upstream operator, for the reader")
 
 
+class LoraRules(_Strict):
+    """LoRA adapters of the model (MindSpeed-MM's `lora_hf_to_mm_str_replace_mapping` and
+    `lora_target_modules`): the renames of an HF LoRA file's keys, and the modules merge_lora_to_base merges."""
+
+    target_modules: list[str] = Field(min_length=1, description="substrings naming the adapted modules")
+    replace: list[tuple[str, str]] = Field(
+        default_factory=list, description="(HF substring, MM substring), applied in order to every key"
+    )
+
+    def hf_to_mm(self, name: str) -> str:
+        """MindSpeed-MM's `replace_name`: every rule in order, each replacing all occurrences."""
+        for hf, mm in self.replace:
+            name = name.replace(hf, mm)
+        return name
+
+
 class Mapping(_Strict):
     converter: str
     description: str
@@ -130,6 +146,9 @@ class Mapping(_Strict):
         default_factory=list,
         description="VLMs: MindSpeed-MM's operator list in run order; each transform names its step, so rank "
         "files list tensors in MindSpeed-MM's order (vlm.upstream_order)",
+    )
+    lora: LoraRules | None = Field(
+        default=None, description="LoRA adapters (lora_hf_to_mm, merge_lora_to_base)"
     )
     _inverse: dict[str, str] = PrivateAttr(default_factory=dict)
 

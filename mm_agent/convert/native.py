@@ -188,6 +188,8 @@ class Record:
             pp_layers=self.pp_layers,
             vit_pp_layers=self.req.vit_pp_layers,
             vpp=self.vpp,
+            lora_rank=self.req.lora_rank,
+            lora_alpha=self.req.lora_alpha,
             key_count=self.key_count,
             files=self.files,
             created=now(),

@@ -24,7 +24,7 @@ from mm_agent.units import human_bytes
 
 # converter -> methods mm-agent converts itself; module that implements them (see NativeLayout).
 NATIVE: dict[str, frozenset[str]] = {
-    "WanConverter": frozenset({"hf_to_mm", "mm_to_hf", "resplit"}),
+    "WanConverter": frozenset({"hf_to_mm", "mm_to_hf", "resplit", "merge_lora_to_base", "lora_hf_to_mm"}),
     "Qwen2_5_VLConverter": frozenset({"hf_to_mm", "mm_to_hf"}),
 }
 MODULES: dict[str, str] = {
@@ -35,6 +35,7 @@ MODULES: dict[str, str] = {
 # 2.8 GB Wan2.1-1.3B-shaped bf16 checkpoint peaked at 186 MB RssAnon for hf_to_mm (PP=1 and PP=4) and
 # mm_to_hf alike. Converters add what they materialise beyond it (NativeLayout.extra_memory_bytes).
 BASE_PEAK_BYTES = 384 * 1024 * 1024
+LORA_METHODS = frozenset({"merge_lora_to_base", "lora_hf_to_mm"})
 
 
 @dataclass
@@ -64,8 +65,10 @@ def converter_module(converter: str) -> ModuleType:
 def confine_request(req: ConvertRequest, root: Path) -> ConvertRequest:
     """Paths resolved inside the workspace (MCP); absolute, so the worker does not depend on its cwd."""
     update = {"source": str(confine(req.source, root)), "target": str(confine(req.target, root))}
-    if req.hf_dir is not None:
-        update["hf_dir"] = str(confine(req.hf_dir, root))
+    for name in ("hf_dir", "lora_path"):
+        raw = getattr(req, name)
+        if raw is not None:
+            update[name] = str(confine(raw, root))
     return req.model_copy(update=update)
 
 
@@ -76,14 +79,24 @@ def plan_conversion(req: ConvertRequest, root: Path | None = None) -> ConvertPla
 
     if root is not None:
         req = confine_request(req, root)
+    _lora_fields_only_for_merge(req)
     if not is_native(req):
         return plan_upstream(req)
     layout: NativeLayout = converter_module(req.converter).plan(req)
-    conv = find_converter(req.converter, req.method, req.converter_version)
+    # LoRA methods take resplit's --cfg shape plus their own arguments (added below); the shared command
+    # builder knows only the plain conversion methods
+    lora = req.method in LORA_METHODS
+    conv = find_converter(req.converter, "resplit" if lora else req.method, req.converter_version)
+    if req.method not in conv.spec.methods:
+        raise MMAgentError(
+            f"the registry lists no {req.method} for {req.converter}",
+            field="method",
+            fix=f"use one of: {', '.join(conv.spec.methods)}",
+        )
     full = req.model_copy(update=layout.resolved)
     argv = mm_convert_argv(
         conv.spec,
-        req.method,
+        "resplit" if lora else req.method,
         vlm=conv.vlm,
         source=req.source,
         target=req.target,
@@ -93,6 +106,8 @@ def plan_conversion(req: ConvertRequest, root: Path | None = None) -> ConvertPla
         vit_pp_layers=full.vit_pp_layers,
         init_args=conv.init_args,
     )
+    if lora:
+        argv = _lora_argv(argv, req.method, len(conv.init_args), full)
     return ConvertPlan(
         native=True,
         converter=req.converter,
@@ -104,6 +119,27 @@ def plan_conversion(req: ConvertRequest, root: Path | None = None) -> ConvertPla
         mm_convert_argv=argv,
         notes=layout.notes,
     )
+
+
+def _lora_fields_only_for_merge(req: ConvertRequest) -> None:
+    given = [f for f in ("lora_path", "lora_rank", "lora_alpha") if getattr(req, f) is not None]
+    if given and req.method != "merge_lora_to_base":
+        raise MMAgentError(
+            f"{', '.join(given)} only apply to merge_lora_to_base, not {req.method}",
+            field=given[0],
+            fix=f"leave {', '.join(given)} out, or convert with method merge_lora_to_base",
+        )
+
+
+def _lora_argv(argv: list[str], method: str, init_args: int, req: ConvertRequest) -> list[str]:
+    """`mm-convert <Class> <method> --cfg...` of a LoRA method: the method name in place, and
+    merge_lora_to_base's own arguments (`--cfg.lora_path`, `--lora_rank`, `--lora_alpha`, as its README)."""
+    at = 2 + 2 * init_args  # mm-convert <Class> [--key value]... <method>
+    out = [*argv[:at], method, *argv[at + 1 :]]
+    if method == "merge_lora_to_base":
+        out += ["--cfg.lora_path", str(req.lora_path), "--lora_rank", str(req.lora_rank)]
+        out += ["--lora_alpha", str(req.lora_alpha)]
+    return out
 
 
 def _free_disk(path: Path) -> int:

@@ -46,6 +46,9 @@ class ConvertRequest(_Model):
     source_tp: int | None = Field(
         default=None, ge=1, le=1024, description="resplit: TP of the source (read from it if None)"
     )
+    lora_path: PathText | None = Field(default=None, description="merge_lora_to_base: LoRA checkpoint")
+    lora_rank: int | None = Field(default=None, ge=0, le=65536, description="LoRA merge rank (8)")
+    lora_alpha: int | None = Field(default=None, ge=0, le=65536, description="LoRA merge alpha (16)")
     converter_version: str | None = Field(
         default=None,
         max_length=32,
@@ -107,13 +110,15 @@ class Manifest(_Model):
     format: Literal["mm-agent-convert/1"] = "mm-agent-convert/1"
     converter: ConverterName
     method: Method
-    direction: Literal["hf_to_mm", "mm_to_hf", "resplit"]
+    direction: Literal["hf_to_mm", "mm_to_hf", "resplit", "merge_lora_to_base", "lora_hf_to_mm"]
     mm_agent_version: str
     source_files: dict[str, str] = Field(description="relative path -> 'size:sha256' of every source file")
     tp: int
     pp_layers: list[int] | list[list[int]] | None
     vit_pp_layers: list[int] | list[list[int]] | None = None
     vpp: int = 1
+    lora_rank: int | None = Field(default=None, description="merge_lora_to_base: the scaling's rank")
+    lora_alpha: int | None = Field(default=None, description="merge_lora_to_base: the scaling's alpha")
     key_count: int
     files: list[RankFile]
     created: str = Field(description="ISO timestamp")

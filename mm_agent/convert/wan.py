@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
     import torch
 
+    from mm_agent.convert.tensors import Scratch
+
     Progress = Callable[[int, int, str], None]
 
 CONVERTER = "WanConverter"
@@ -139,7 +141,7 @@ def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
     record = hp.record(req)
     readers = _readers(hp.source)
 
-    def tensor(mm_name: str) -> torch.Tensor:
+    def tensor(mm_name: str, scratch: Scratch) -> torch.Tensor:
         hf_name = next_hf[mm_name]
         return readers[hp.source.where[hf_name][0].path].get(hf_name)
 
@@ -159,11 +161,14 @@ def _write_mm(
     record: Record,
     split: Split,
     placement: dict[str, tuple[int, int, str]],
-    tensor: Callable[[str], torch.Tensor],
+    tensor: Callable[[str, Scratch], torch.Tensor],
     progress: Progress,
     dropped: list[KeyChange],
 ) -> ConvertReport:
-    """Write the MM layout stage by stage into a staging dir, then the manifest, then the tracker."""
+    """Write the MM layout stage by stage into a staging dir, then the manifest, then the tracker.
+
+    `tensor(name, scratch)` gives each tensor when its stage is written; one it computes (a LoRA merge) goes
+    into `scratch`, which is emptied after every rank file."""
     from mm_agent.convert.mmio import save_stage
     from mm_agent.convert.tensors import Scratch
 
@@ -185,7 +190,7 @@ def _write_mm(
             chunks: list[dict[str, torch.Tensor]] = [{} for _ in range(split.chunks)]
             for name, (s, chunk, local) in placement.items():
                 if s == stage:
-                    chunks[chunk][local] = tensor(name)
+                    chunks[chunk][local] = tensor(name, scratch)
             written += save_stage(staging.dir / entry.path, chunks, split.vpp, scratch)
             del chunks
             scratch.clear()
@@ -304,7 +309,7 @@ def resplit(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conve
         source_files=_mm_files(ckpt),
         hf=_hf_fields(manifest),
     )
-    return _write_mm(req, plan, record, split, placement, merged.__getitem__, progress, [])
+    return _write_mm(req, plan, record, split, placement, lambda name, _: merged[name], progress, [])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -488,7 +493,27 @@ def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
     )
 
 
+def merge_lora_to_base(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
+    from mm_agent.convert import lora
+
+    return lora.merge_lora_to_base(req, plan, progress)
+
+
+def lora_hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
+    from mm_agent.convert import lora
+
+    return lora.lora_hf_to_mm(req, plan, progress)
+
+
 def plan(req: ConvertRequest) -> NativeLayout:
     """Validate a WanConverter request and describe what it writes (no torch)."""
-    planners = {"hf_to_mm": _plan_hf_to_mm, "resplit": _plan_resplit, "mm_to_hf": _plan_mm_to_hf}
+    from mm_agent.convert import lora
+
+    planners = {
+        "hf_to_mm": _plan_hf_to_mm,
+        "resplit": _plan_resplit,
+        "mm_to_hf": _plan_mm_to_hf,
+        "merge_lora_to_base": lora.plan_merge,
+        "lora_hf_to_mm": lora.plan_lora_hf_to_mm,
+    }
     return planners[req.method](req)

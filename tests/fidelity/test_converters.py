@@ -1,6 +1,7 @@
 """mm-agent's native converters against MindSpeed-MM's own: the same tiny models, bitwise-equal outputs.
 
-Each case converts a tiny HF model (or resplits an earlier case's output) with mm-agent
+Each case converts a tiny HF model or HF LoRA file (or resplits an earlier case's output, or merges a LoRA
+checkpoint into it) with mm-agent
 (`convert.engine.execute`) and with MindSpeed-MM's `checkpoint/` converter code of v26.0.0 and v26.1.0,
 run in place, one version after the other, in one child process (`upstream_convert.py`, fed the
 `mm-convert` argv of mm-agent's own plan). The output trees are compared file by file: the directory
@@ -27,6 +28,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
+from test_convert_lora import lora_state, save_hf_lora, save_training_lora  # noqa: E402
 from test_convert_qwen import build_model as build_qwen  # noqa: E402
 from test_convert_wan import build as build_wan  # noqa: E402
 
@@ -49,12 +51,29 @@ class Case:
     pp_layers: list[Any] | None = None
     vit_pp_layers: list[Any] | None = None
     method: str = "hf_to_mm"
-    source: str | None = None  # resplit: the case whose (mm-agent) output both converters read
+    source: str | None = None  # resplit, merge: the case whose (mm-agent) output both converters read
+    lora: str | None = None  # merge: a built LoRA checkpoint, or the case whose output is one
+    lora_rank: int | None = None
+    lora_alpha: int | None = None
 
 
 def resplit_of(case: str) -> dict[str, str]:
     """A resplit of an earlier case's (mm-agent) output, which both converters read."""
     return {"method": "resplit", "source": case}
+
+
+def merge_of(base: str, lora: str) -> dict[str, Any]:
+    """merge_lora_to_base of an earlier case's output and a LoRA (rank 4, alpha 8: scaling 2)."""
+    return {"method": "merge_lora_to_base", "source": base, "lora": lora, "lora_rank": 4, "lora_alpha": 8}
+
+
+LORA_HF = {"method": "lora_hf_to_mm"}
+# LoRA checkpoints with MindSpeed-MM's key names: an HF (DiffSynth) file, and LoRA training saves
+LORA_MODELS = {
+    "wan-t2v-lora-hf": lambda path: save_hf_lora(path, lora_state(hf=True)),
+    "wan-t2v-lora-train": lambda path: save_training_lora(path, lora_state(), lora_r=4, lora_alpha=8),
+    "wan-t2v-lora-train-pp2": lambda path: save_training_lora(path, lora_state(), pp_layers=[1, 3]),
+}
 
 
 CASES = [
@@ -69,6 +88,32 @@ CASES = [
     Case("wan-t2v-resplit-vpp-pp1", WAN, "wan-t2v", **resplit_of("wan-t2v-vpp2x2")),
     Case("wan-i2v-resplit-pp1-pp2", WAN, "wan-i2v", pp_layers=[1, 3], **resplit_of("wan-i2v-pp1")),
     Case("wan-i2v-resplit-pp1-vpp", WAN, "wan-i2v", pp_layers=[[1, 1], [1, 1]], **resplit_of("wan-i2v-pp1")),
+    Case("wan-t2v-lora-hf-to-mm-pp1", WAN, "wan-t2v-lora-hf", **LORA_HF),
+    Case("wan-t2v-lora-hf-to-mm-pp2", WAN, "wan-t2v-lora-hf", pp_layers=[1, 3], **LORA_HF),
+    Case("wan-t2v-lora-hf-to-mm-vpp2x2", WAN, "wan-t2v-lora-hf", pp_layers=[[1, 1], [1, 1]], **LORA_HF),
+    Case("wan-t2v-merge-pp1", WAN, "wan-t2v", **merge_of("wan-t2v-pp1", "wan-t2v-lora-train")),
+    Case(
+        "wan-t2v-merge-pp1-to-pp2",
+        WAN,
+        "wan-t2v",
+        pp_layers=[2, 2],
+        **merge_of("wan-t2v-pp1", "wan-t2v-lora-train"),
+    ),
+    Case("wan-t2v-merge-hf-lora-pp1", WAN, "wan-t2v", **merge_of("wan-t2v-pp1", "wan-t2v-lora-hf-to-mm-pp1")),
+    Case(
+        "wan-t2v-merge-vpp2x2",
+        WAN,
+        "wan-t2v",
+        pp_layers=[[1, 1], [1, 1]],
+        **merge_of("wan-t2v-vpp2x2", "wan-t2v-lora-hf-to-mm-vpp2x2"),
+    ),
+    Case(
+        "wan-t2v-merge-pp2",
+        WAN,
+        "wan-t2v",
+        pp_layers=[1, 3],
+        **merge_of("wan-t2v-pp2", "wan-t2v-lora-train-pp2"),
+    ),
     Case("qwen-untied-tp1", QWEN, "qwen-untied", pp_layers=[4], vit_pp_layers=[2]),
     Case("qwen-untied-tp2", QWEN, "qwen-untied", tp=2, pp_layers=[4], vit_pp_layers=[2]),
     Case("qwen-untied-pp2", QWEN, "qwen-untied", pp_layers=[1, 3], vit_pp_layers=[2, 0]),
@@ -84,6 +129,8 @@ CASES = [
 
 
 def _build(name: str, path: Path) -> Path:
+    if name in LORA_MODELS:
+        return LORA_MODELS[name](path)
     if name.startswith("wan-"):
         build_wan(name.removeprefix("wan-")).save_pretrained(path)
         return path
@@ -101,7 +148,8 @@ class Run:
 def runs(mm_tree: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Every case converted by mm-agent, then by each MindSpeed-MM version (all in one child process)."""
     base = tmp_path_factory.mktemp("converters")
-    models = {name: _build(name, base / "hf" / name) for name in sorted({c.model for c in CASES})}
+    built = {c.model for c in CASES} | {c.lora for c in CASES if c.lora in LORA_MODELS}
+    models = {name: _build(name, base / "hf" / name) for name in sorted(built)}
     run = Run()
     argvs: dict[str, list[str]] = {}
     for case in CASES:
@@ -114,6 +162,9 @@ def runs(mm_tree: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
             tp=case.tp,
             pp_layers=case.pp_layers,
             vit_pp_layers=case.vit_pp_layers,
+            lora_path=None if case.lora is None else str(run.ours.get(case.lora) or models[case.lora]),
+            lora_rank=case.lora_rank,
+            lora_alpha=case.lora_alpha,
             confirm=True,
         )
         report = execute(req)

@@ -9,8 +9,15 @@ checked against the converter's own pydantic config (an unknown key fails, as un
 converter's method runs on the config object. jsonargparse itself is not needed (nor installed): the CLI
 does no more than build this object.
 
-Nothing is stubbed: the Wan and Qwen2.5-VL converters import with torch, safetensors, transformers, tqdm,
-numpy and pydantic only. One shim: MindSpeed-MM pins transformers 4.57, where `Qwen2_5_VLConfig` also
+Method arguments outside `cfg` (`--lora_rank 16 --lora_alpha 16` of merge_lora_to_base) are passed to the
+method as keyword arguments, and merge_lora_to_base runs with `use_npu=False` (its CPU path, the one
+MindSpeed-MM offers for hosts without an NPU).
+
+Nothing of the conversion is stubbed: the Wan and Qwen2.5-VL converters import with torch, safetensors,
+transformers, tqdm, numpy and pydantic only, except that `checkpoint/common/merge_base_lora_weight.py`
+(which merge_lora_to_base imports for `lora_merge_to_base`) imports `mindspeed.megatron_adaptor` and
+`torch_npu` at its top for its own NPU script; that function uses neither, so both are given as empty
+modules when absent. One shim: MindSpeed-MM pins transformers 4.57, where `Qwen2_5_VLConfig` also
 carries the LLM fields (`hidden_size`, `num_key_value_heads`, ...) at the top level; transformers 5 keeps
 them only in `text_config`. Under transformers >= 5 a missing attribute of that config class is read from
 its `text_config` (the same numbers), so the converter reads its config as under its pinned version.
@@ -34,20 +41,38 @@ def _value(text: str) -> Any:
     return text
 
 
-def _nested(argv: list[str]) -> dict[str, Any]:
-    """`--cfg.a.b V` pairs -> {"a": {"b": V}} (jsonargparse's dotted form)."""
+def _nested(argv: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`--cfg.a.b V` pairs -> {"a": {"b": V}} (jsonargparse's dotted form); other `--name V` pairs -> the
+    method's keyword arguments."""
     out: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
     if len(argv) % 2:
         raise ValueError(f"flags and values do not pair up: {argv}")
     for flag, raw in zip(argv[::2], argv[1::2], strict=True):
+        if not flag.startswith("--"):
+            raise ValueError(f"unexpected argument {flag!r}")
         if not flag.startswith("--cfg."):
-            raise ValueError(f"unexpected flag {flag!r} (the converters take --cfg.* only)")
+            kwargs[flag[2:]] = _value(raw)
+            continue
         *parents, leaf = flag[len("--cfg.") :].split(".")
         node = out
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = _value(raw)
-    return out
+    return out, kwargs
+
+
+def _npu_imports() -> None:
+    """Empty `mindspeed.megatron_adaptor` and `torch_npu` modules where they are not installed (see above)."""
+    import importlib.util
+    import types
+
+    for package, modules in (
+        ("mindspeed", ("mindspeed", "mindspeed.megatron_adaptor")),
+        ("torch_npu", ("torch_npu",)),
+    ):
+        if package not in sys.modules and importlib.util.find_spec(package) is None:
+            sys.modules.update({name: types.ModuleType(name) for name in modules})
 
 
 def _with_defaults(model: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -95,17 +120,22 @@ def _check_fields(model: Any, data: dict[str, Any], where: str = "cfg") -> None:
 
 def _run(argv: list[str]) -> None:
     _, cls_name, method, *flags = argv
-    cfg = _nested(flags)
+    cfg, kwargs = _nested(flags)
     if cls_name == "WanConverter":
         from checkpoint.sora_model.convert_utils.cfg import ConvertConfig
         from checkpoint.sora_model.wan_converter import WanConverter
 
         _check_fields(ConvertConfig, cfg)
-        getattr(WanConverter(), method)(ConvertConfig(**_with_defaults(ConvertConfig, cfg)))
+        if method == "merge_lora_to_base":
+            _npu_imports()
+            kwargs["use_npu"] = False
+        getattr(WanConverter(), method)(ConvertConfig(**_with_defaults(ConvertConfig, cfg)), **kwargs)
     elif cls_name == "Qwen2_5_VLConverter":
         from checkpoint.vlm_model.converters import qwen2_5vl
 
         _transformers_4_config()
+        if kwargs:
+            raise ValueError(f"unexpected method arguments {sorted(kwargs)}")
         config_cls = {"hf_to_mm": qwen2_5vl.ConvertVppMMConfigQwen2_5}[method]
         _check_fields(config_cls, cfg)
         getattr(qwen2_5vl.Qwen2_5_VLConverter, method)(config_cls(**_with_defaults(config_cls, cfg)))
