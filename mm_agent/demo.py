@@ -38,7 +38,7 @@ from mm_agent.dataset import DatasetRequest, prepare_dataset
 from mm_agent.diagnose import DiagnoseRequest, diagnose_errors
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs import JobStatus, StageRequest, start_stage, stop_job, wait_job
-from mm_agent.render import RenderRequest, render_job
+from mm_agent.render import RenderRequest, RenderResult, render_job
 from mm_agent.route import RouteCandidate, RouteRequest, route_model
 from mm_agent.runs import RunStatus, wait_run, write_json_atomic
 from mm_agent.validate import ValidateRequest, validate_configs
@@ -55,6 +55,12 @@ POLL_S = 0.3
 # The job manager takes the job's MASTER_PORT when it is free, else the next free one. The demo starts
 # its search at a random port away from the stock 6000, which a real job on this host may be about to bind.
 DEMO_PORTS = (20000, 40000)
+FULL_ITERS = 10  # iterations of the full fine-tune a LoRA demo measures beside its adapter
+# runtime.train's lines: PEFT's trainable-parameter summary (LoRA runs) and the peak memory at the end
+_TRAINABLE = re.compile(
+    r"trainable params: (?P<trainable>[\d,]+) \|\| all params: (?P<total>[\d,]+) \|\| trainable%: (?P<share>[\d.]+)"
+)
+_PEAK = re.compile(r"peak memory: (?P<mb>[\d.]+) MiB \((?P<what>[^,)]+)")
 RUNTIME_MODULES = ("torch", "diffusers", "transformers", "decord", "av", "tokenizers", "matplotlib")
 RUNTIME_FIX = 'install the runtime extra: .venv/bin/pip install -c constraints.txt -e ".[runtime]"'
 
@@ -79,6 +85,11 @@ class DemoRequest(BaseModel):
     lr: float = Field(default=5e-3, gt=0, description="learning rate (high: the tiny model must learn fast)")
     seed: int = Field(default=0, ge=0)
     request: str = Field(default=REQUEST_TEXT, description="the free-text request routed to a model")
+    lora: bool = Field(
+        default=False,
+        description="train a LoRA adapter on the frozen base (task lora), and a short full fine-tune beside it "
+        "for the memory comparison",
+    )
 
 
 class StageResult(BaseModel):
@@ -106,6 +117,22 @@ class DemoArtifacts(BaseModel):
     report: str | None = Field(default=None, description="this report as JSON")
 
 
+class LoraFigures(BaseModel):
+    """A LoRA demo's adapter against a full fine-tune of the same job (a few iterations, same data)."""
+
+    trainable_params: int
+    total_params: int
+    trainable_share: float = Field(description="percent of the parameters the adapter trains")
+    peak_mb: float | None = Field(
+        description="peak memory of a LoRA training rank (device, or host RSS on CPU)"
+    )
+    full_peak_mb: float | None = Field(description="the same for the full fine-tune")
+    step_ms: float | None = None
+    full_step_ms: float | None = None
+    full_iters: int = Field(description="iterations of the full fine-tune measured")
+    memory: str = Field(description="what peak_mb measures: device memory or host RSS")
+
+
 class DemoReport(BaseModel):
     ok: bool = Field(description="every stage passed and the smoothed loss fell")
     run_dir: str
@@ -121,6 +148,9 @@ class DemoReport(BaseModel):
     stages: list[StageResult]
     artifacts: DemoArtifacts
     root_cause: str | None = Field(default=None, description="diagnosis of the failed stage's log")
+    lora: LoraFigures | None = Field(
+        default=None, description="with --lora: the adapter against full fine-tuning"
+    )
     message: str
 
 
@@ -267,6 +297,7 @@ class _Demo:
         self.root_cause: str | None = None
         self.candidate: RouteCandidate | None = None
         self.text_len = 0  # set by weights()
+        self.lora: LoraFigures | None = None  # set by train() with --lora
 
     # -- stage plumbing
 
@@ -349,7 +380,7 @@ class _Demo:
         )
 
     def route(self) -> str:
-        result = route_model(RouteRequest(request=self.req.request))
+        result = route_model(RouteRequest(request=self.req.request, task="lora" if self.req.lora else None))
         if result.question or not result.candidates:
             raise StageFailed(f"the router could not pick a model: {result.question or 'no candidates'}")
         top = result.candidates[0]
@@ -363,21 +394,30 @@ class _Demo:
 
     def render(self) -> str:
         c = self._candidate()
-        iters = self.req.iters
-        result = render_job(
+        result = self._render("job", c.task, self.req.iters, "checkpoints")
+        self.art.job = result.job_dir
+        what = "a LoRA adapter" if self.req.lora else "the whole model"
+        return (
+            f"{len(result.files)} files in {result.job_dir} (runtime bundled, {self.req.nproc} processes, "
+            f"trains {what})"
+        )
+
+    def _render(self, name: str, task: str, iters: int, save: str) -> RenderResult:
+        c = self._candidate()
+        return render_job(
             RenderRequest(
                 model=c.model_id,
-                task=c.task,  # type: ignore[arg-type]  # a registry task id
+                task=task,  # type: ignore[arg-type]  # a registry task id
                 backend=c.backend,  # type: ignore[arg-type]
                 size=c.size,
                 runtime="bundled",
-                out_dir=str(self.run / "job"),
+                out_dir=str(self.run / name),
                 weights_dir=str(self.run / "weights"),
                 load_path=str(self.run / "converted"),
                 dataset_dir=str(self.run / "dataset"),
                 dataset_file=str(self.run / "dataset" / "data.json"),
                 feature_dir=str(self.run / "sora_features"),
-                save_path=str(self.run / "checkpoints"),
+                save_path=str(self.run / save),
                 npus_per_node=self.req.nproc,
                 nnodes=1,
                 master_port=random.randrange(*DEMO_PORTS),
@@ -399,8 +439,6 @@ class _Demo:
                 confirm=True,
             )
         )
-        self.art.job = result.job_dir
-        return f"{len(result.files)} files in {result.job_dir} (runtime bundled, {self.req.nproc} processes)"
 
     def validate(self) -> str:
         report = validate_configs(ValidateRequest(paths=[str(self.run / "job")]))
@@ -484,7 +522,37 @@ class _Demo:
         self.art.tensorboard = str(board) if any(board.glob("events.out.tfevents.*")) else None
         first, last_loss = smoothed(self.losses)
         step = f", step {status.step_time_ms:.0f} ms" if status.step_time_ms else ""
-        return f"{len(self.losses)} iterations, loss {first:.4f} -> {last_loss:.4f}{step}; checkpoint {ckpt.name}"
+        done = f"{len(self.losses)} iterations, loss {first:.4f} -> {last_loss:.4f}{step}; checkpoint {ckpt.name}"
+        if not self.req.lora:
+            return done
+        self.lora = self._full_beside(Path(status.log), status.step_time_ms)
+        f = self.lora
+        peaks = f" peak {f.peak_mb:.0f} vs {f.full_peak_mb:.0f} MiB" if f.peak_mb and f.full_peak_mb else ""
+        return f"{done}; LoRA trains {f.trainable_share:.2f}% of the parameters;{peaks} ({f.memory})"
+
+    def _full_beside(self, log: Path, step_ms: float | None) -> LoraFigures:
+        """The LoRA run's figures, and a short full fine-tune of the same job (same data, the whole model)
+        measured the same way: what the adapter saves."""
+        text = log.read_text(encoding="utf-8", errors="replace")
+        share = _TRAINABLE.search(text)
+        if share is None:
+            raise StageFailed(f"the LoRA training log names no trainable parameters ({log})")
+        iters = min(self.req.iters, FULL_ITERS)
+        full = self._render("job-full", "t2v", iters, "checkpoints-full")
+        status = self._job("train", self.req.nproc, job=Path(full.job_dir).name)
+        full_text = Path(status.log).read_text(encoding="utf-8", errors="replace")
+        peak, full_peak = _PEAK.search(text), _PEAK.search(full_text)
+        return LoraFigures(
+            trainable_params=int(share["trainable"].replace(",", "")),
+            total_params=int(share["total"].replace(",", "")),
+            trainable_share=float(share["share"]),
+            peak_mb=float(peak["mb"]) if peak else None,
+            full_peak_mb=float(full_peak["mb"]) if full_peak else None,
+            step_ms=step_ms,
+            full_step_ms=status.step_time_ms,
+            full_iters=iters,
+            memory=peak["what"] if peak else "unknown",
+        )
 
     def sample(self) -> str:
         status = self._job("sample", None)  # inference.sh is one process
@@ -533,11 +601,13 @@ class _Demo:
         assert self.candidate is not None  # route() ran first
         return self.candidate
 
-    def _job(self, name: Literal["extract", "train", "sample"], nproc: int | None) -> JobStatus:
-        """Start one stage of the rendered job with the job manager and follow it to the end."""
+    def _job(
+        self, name: Literal["extract", "train", "sample"], nproc: int | None, job: str = "job"
+    ) -> JobStatus:
+        """Start one stage of a rendered job with the job manager and follow it to the end."""
         with held_interrupt() as interrupted:
             launch = start_stage(
-                StageRequest(job_dir=str(self.run / "job"), stage=name, confirm=True, nproc_per_node=nproc)
+                StageRequest(job_dir=str(self.run / job), stage=name, confirm=True, nproc_per_node=nproc)
             )
         run_id = launch.run_id
         assert run_id is not None  # confirm=True starts a run
@@ -614,6 +684,7 @@ class _Demo:
             stages=self.stages,
             artifacts=self.art,
             root_cause=self.root_cause,
+            lora=self.lora,
             message=message,
         )
         write_json_atomic(self.run / REPORT, report)

@@ -298,9 +298,10 @@ def _tp_choices(size: SizeSpec, world: int, pp: int, cp: int) -> str:
 
 def bundled_refusal(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> str | None:
     """Why the bundled runtime cannot run this (model, task, size); None when it can."""
-    if not is_wan_family(entry) or task.id != "t2v":
+    adapts_t2v = task.id == "lora" and task.weights_of == "t2v"  # a LoRA of the text-to-video DiT
+    if not is_wan_family(entry) or not (task.id == "t2v" or adapts_t2v):
         return (
-            f"the bundled runtime trains Wan-family text-to-video (wan2.1, wan2.2 t2v); "
+            f"the bundled runtime trains Wan-family text-to-video (wan2.1, wan2.2 t2v, and its LoRA); "
             f"{entry.id} {task.id} is not one of them"
         )
     if is_two_expert(entry, size):

@@ -15,6 +15,7 @@ either the previous checkpoint or the new one, never a half-written one that loo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -31,6 +32,7 @@ from runtime.errors import RuntimeFailure
 TRACKER = "latest_checkpointed_iteration.txt"
 CKPT_NAME = "model_optim_rng.pt"
 CHECKPOINT_VERSION = 3.0
+LORA_MANIFEST = "lora_adapter.json"
 LAYER_PREFIX = "blocks."
 CONVERT_FIX = (
     "convert the diffusers weights first (`mm-agent convert WanConverter hf_to_mm --source <transformer dir> "
@@ -51,6 +53,8 @@ class Loaded:
     optimizer: dict[str, Any] | None = None
     rng_state: list[dict[str, Any]] | None = None
     consumed_samples: int = 0
+    lora: dict[str, Any] | None = None  # a LoRA checkpoint's manifest (runtime.lora), when it has one
+    args: argparse.Namespace | None = None  # the training args saved with an iteration
 
 
 def _as_failure(exc: Exception, root: Path) -> RuntimeFailure:
@@ -117,6 +121,9 @@ def load_checkpoint(load_dir: str) -> Loaded:
             loaded.optimizer = obj.get("optimizer")
             loaded.rng_state = obj.get("rng_state")
             loaded.consumed_samples = int(obj.get("consumed_samples", 0))
+            loaded.lora = obj.get("lora")
+            saved_args = obj.get("args")
+            loaded.args = saved_args if isinstance(saved_args, argparse.Namespace) else None
     except RuntimeFailure:
         raise  # already the runtime's own (a RuntimeFailure is also an MMAgentError)
     except MMAgentError as exc:
@@ -163,8 +170,14 @@ def save_checkpoint(
     rng_states: list[dict[str, Any]],
     consumed_samples: int,
     args: argparse.Namespace,
+    lora: dict[str, Any] | None = None,
 ) -> Path:
-    """Write one iteration (rank 0 only): temp dir → rename → tracker last. Returns the iteration dir."""
+    """Write one iteration (rank 0 only): temp dir → rename → tracker last. Returns the iteration dir.
+
+    A LoRA run passes `model` = the adapter keys only and its manifest as `lora`: stored in the payload and
+    as `lora_adapter.json` beside the tracker (not in the iteration dir: MindSpeed-MM's `load_from_mm` reads
+    every entry there as a rank dir).
+    """
     save_dir.mkdir(parents=True, exist_ok=True)
     for stale in save_dir.glob(f".iter_*{TEMP_MARK}*"):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed run; never a valid checkpoint
@@ -181,6 +194,8 @@ def save_checkpoint(
         "checkpoint_version": CHECKPOINT_VERSION,
         "args": args,
     }
+    if lora is not None:
+        payload["lora"] = lora
     with open(rank_dir / CKPT_NAME, "wb") as fh:
         torch.save(payload, fh)
         fh.flush()
@@ -194,22 +209,25 @@ def save_checkpoint(
     else:
         os.replace(tmp, final)
     fsync_dir(save_dir)
+    if lora is not None:
+        write_text_atomic(save_dir / LORA_MANIFEST, json.dumps(lora, indent=2) + "\n")
     write_text_atomic(save_dir / TRACKER, str(iteration))
     fsync_dir(save_dir)
     return final
 
 
 def gather_full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (unsharded) model and optimizer state dicts on CPU, on rank 0 (a collective: call on every rank).
 
     With FSDP2 each rank holds shards; `get_state_dict(full_state_dict, cpu_offload)` all-gathers them so
     the file holds plain tensors under MM names, loadable by MindSpeed-MM and by `mm_to_hf`.
+    `trainable_only` leaves the frozen base out (a LoRA run gathers and saves only its adapter).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     return get_state_dict(model, optimizer, options=options)
 
 

@@ -104,6 +104,9 @@ class Probes:
     count: Callable[[str], int] = field(default=_count_probe)
 
 
+MIB = 1 << 20
+
+
 @dataclass(frozen=True)
 class Device:
     """The chosen device: kind, `name` ("npu:0", "cuda:1", "cpu"), process-group backend, autocast dtype name."""
@@ -124,6 +127,19 @@ class Device:
         import torch
 
         return None if self.autocast is None else getattr(torch, self.autocast)
+
+    def peak_memory_mb(self) -> tuple[float, str]:
+        """(MiB, what was measured): the accelerator's peak allocated memory of this process, or on CPU the
+        process's peak resident set (what a fit/no-fit question is about there)."""
+        import torch
+
+        if self.kind == "cuda":
+            return torch.cuda.max_memory_allocated(self.torch_device) / MIB, "device allocated"
+        if self.kind == "npu":
+            return torch.npu.max_memory_allocated(self.torch_device) / MIB, "device allocated"  # type: ignore[attr-defined]
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "host RSS"  # Linux: KiB
 
     def set_current(self) -> None:
         """Bind this process to its accelerator, as Megatron does before creating the process group."""

@@ -5,6 +5,8 @@ Reads inference_model.json (`predictor`, `ae`, `text_encoder`, `tokenizer`, `dif
 denoises seeded noise with Euler steps on the flow-matching sigma schedule (`diffusion.flow_shift`; the
 config's UniPC name is MindSpeed-MM's solver, the schedule is the same), applies classifier-free guidance
 when `guidance_scale` > 1, decodes with the VAE and writes `<save-path>/sample_<i>.mp4` atomically.
+A LoRA checkpoint (`--load` of a `--lora-r` training run) is merged into its base in memory
+(base + alpha / r * B @ A, MindSpeed-MM's merge); the base is `--load-base-model`, else the one its manifest names.
 Under torchrun with several processes the prompts are split across ranks.
 """
 
@@ -23,6 +25,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from runtime import checkpoint as ckpt  # noqa: E402
+from runtime import lora  # noqa: E402
 from runtime.device import Device, pick_device  # noqa: E402
 from runtime.dist import env_ranks  # noqa: E402
 from runtime.errors import RuntimeFailure, run_main  # noqa: E402
@@ -41,7 +44,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m runtime.sample", allow_abbrev=False, description=(__doc__ or "").split("\n")[0]
     )
     p.add_argument("--mm-model", required=True, help="inference_model.json")
-    p.add_argument("--load", required=True, help="MM checkpoint dir (release or iter_*)")
+    p.add_argument(
+        "--load", required=True, help="MM checkpoint dir (release or iter_*), or a LoRA checkpoint"
+    )
+    p.add_argument(
+        "--load-base-model",
+        default=None,
+        help="the base of a LoRA --load (default: the one its manifest names)",
+    )
     p.add_argument("--prompt-file", default=None, help="one prompt per line (default: the json's `prompt`)")
     p.add_argument("--save-path", default=None, help="output dir (default: the json's `save_path`)")
     p.add_argument(
@@ -116,13 +126,32 @@ class Sampler:
         kind = "release checkpoint" if loaded.release else "checkpoint"
         print(f" loading {kind} from {loaded.root}", flush=True)
         self.model = WanDiT(WanDiTConfig.from_predictor(predictor, file))
-        load_weights(self.model, loaded.model, str(loaded.root))
+        load_weights(self.model, self._weights(loaded), str(loaded.root))
         self.model.to(dev).eval().requires_grad_(False)
         print(
             f"  successfully loaded checkpoint from {loaded.root} [ t 1/1, p 1/1 ] at iteration {loaded.iteration}",
             flush=True,
         )
         self.negative = str(cfg.get("negative_prompt", ""))
+
+    def _weights(self, loaded: ckpt.Loaded) -> dict[str, torch.Tensor]:
+        """The model's weights: the checkpoint's own, or for a LoRA checkpoint its base with the adapter merged."""
+        if not lora.is_adapter_state(loaded.model):
+            return loaded.model
+        base_dir = self.args.load_base_model or (loaded.lora or {}).get("base")
+        if not base_dir:
+            raise RuntimeFailure(
+                f"--load {loaded.root} is a LoRA checkpoint and does not name its base",
+                field="--load-base-model",
+                fix="pass the base checkpoint it was trained on as --load-base-model",
+            )
+        scaling = lora.scaling_of(loaded.lora, loaded.args, str(loaded.root))
+        base = ckpt.load_checkpoint(str(base_dir))
+        print(
+            f" merging LoRA adapter from {loaded.root} into base {base.root} (scaling {scaling:g})",
+            flush=True,
+        )
+        return lora.merge(base.model, loaded.model, scaling)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self.device.autocast_dtype

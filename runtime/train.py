@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from runtime import checkpoint as ckpt  # noqa: E402
+from runtime import lora  # noqa: E402
 from runtime.device import Device, pick_device  # noqa: E402
 from runtime.dist import (  # noqa: E402
     DistInfo,
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-save-rng", action="store_true")
     p.add_argument("--tensorboard-dir", default=None, help="default: <save>/tensorboard")
     p.add_argument("--device", choices=["auto", "npu", "cuda", "cpu"], default=None)
+    lora.add_arguments(p)
     return p
 
 
@@ -137,6 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise RuntimeFailure(
             "--save-interval must be >= 1", field="--save-interval", fix="omit it or use >= 1"
         )
+    lora.LoraSettings.from_args(args)  # refuse bad LoRA flags before anything starts
     return args
 
 
@@ -201,13 +204,17 @@ class Trainer:
             )
         )
         self.online = not bool(model_cfg.get("load_video_features", True))
+        self.lora = lora.LoraSettings.from_args(args)
         if args.auto_resume and args.save and (Path(args.save) / ckpt.TRACKER).is_file():
             log0(
                 self.rank,
                 f"resuming from {args.save} (--auto-resume): its checkpoint replaces --load {args.load}",
             )
+            # LoRA: the adapter continues from --save, the base stays (MindSpeed-MM's --load-base-model)
+            if self.lora is not None:
+                args.load_base_model = args.load_base_model or args.load
             args.load, args.no_load_optim, args.no_load_rng = args.save, False, False
-        loaded = ckpt.load_checkpoint(args.load) if args.load else None  # checked before encoders load
+        loaded, resume = self._checkpoints()  # checked before encoders load
         dataset = self._dataset(data_cfg, model_cfg)
         if args.bf16 and device.autocast is None:
             log0(
@@ -221,25 +228,28 @@ class Trainer:
         if loaded is not None:
             self._log_loading(loaded)
             load_weights(model, loaded.model, str(loaded.root))
-            if not loaded.release:
-                self.iteration, self.consumed = loaded.iteration, loaded.consumed_samples
+        if self.lora is not None:
+            self._wrap(model, resume)
+        if resume is not None and not resume.release:
+            self.iteration, self.consumed = resume.iteration, resume.consumed_samples
         model.recompute = args.recompute_granularity == "full"
         model.recompute_layers = args.recompute_num_layers
         self.model = self._parallelize(model.to(device.torch_device))
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self._optimizer()
-        if loaded is not None and not loaded.release:
-            if loaded.optimizer and not args.no_load_optim:
-                ckpt.restore_optimizer(self.model, self.optimizer, loaded.optimizer)
-            if loaded.rng_state and not args.no_load_rng:
-                ckpt.restore_rng(loaded.rng_state, self.rank, device.kind)
+        if resume is not None and not resume.release:
+            if resume.optimizer and not args.no_load_optim:
+                ckpt.restore_optimizer(self.model, self.optimizer, resume.optimizer)
+            if resume.rng_state and not args.no_load_rng:
+                ckpt.restore_rng(resume.rng_state, self.rank, device.kind)
             log0(
                 self.rank,
-                f"  successfully loaded checkpoint from {loaded.root} [ t 1/1, p 1/1 ] at iteration {loaded.iteration}",
+                f"  successfully loaded checkpoint from {resume.root} [ t 1/1, p 1/1 ] at iteration {resume.iteration}",
             )
-        elif loaded is not None:
+        elif resume is not None:
             log0(
                 self.rank,
-                f"  successfully loaded checkpoint from {loaded.root} [ t 1/1, p 1/1 ] at iteration 0",
+                f"  successfully loaded checkpoint from {resume.root} [ t 1/1, p 1/1 ] at iteration 0",
             )
         self.saved_at = self.iteration
         self.batches = self._batches(dataset, data_cfg)
@@ -292,6 +302,53 @@ class Trainer:
         self.text = TextEncoder.from_config(te, tokenizer, dev, te_dtype, source=args.mm_model)
         return ClipSource(args.mm_data, data_cfg, args.seed)
 
+    def _checkpoints(self) -> tuple[ckpt.Loaded | None, ckpt.Loaded | None]:
+        """(weights, resume): the checkpoint the model's weights come from, and the one whose iteration,
+        optimizer and RNG continue. Full training: both are --load. LoRA: the weights are the base
+        (--load-base-model, else --load) and, when --load-base-model is given, --load is the LoRA checkpoint
+        to continue, as in MindSpeed-MM."""
+        args = self.args
+        if self.lora is None:
+            loaded = ckpt.load_checkpoint(args.load) if args.load else None
+            if loaded is not None and lora.is_adapter_state(loaded.model):
+                raise RuntimeFailure(
+                    f"--load {loaded.root} is a LoRA checkpoint (adapter weights only), not a model",
+                    field="--load",
+                    fix="continue it with the --lora-* flags it was trained with and --load-base-model BASE, or "
+                    "merge it into its base first (mm-agent convert WanConverter merge_lora_to_base)",
+                )
+            return loaded, loaded
+        base_dir = args.load_base_model or args.load
+        base = ckpt.load_checkpoint(base_dir)
+        if lora.is_adapter_state(base.model):
+            raise RuntimeFailure(
+                f"{base.root} is a LoRA checkpoint, not a base model",
+                field="--load-base-model" if args.load_base_model else "--load",
+                fix="pass the base as --load-base-model BASE and the LoRA checkpoint as --load",
+            )
+        adapter = ckpt.load_checkpoint(args.load) if args.load_base_model and args.load else None
+        if adapter is not None and not lora.is_adapter_state(adapter.model):
+            raise RuntimeFailure(
+                f"--load {adapter.root} holds no LoRA adapter (with --load-base-model, --load is the LoRA checkpoint)",
+                field="--load",
+                fix="pass the LoRA training's --save dir as --load, or drop --load-base-model to start a new adapter",
+            )
+        self.base_dir = str(base.root)
+        return base, adapter
+
+    def _wrap(self, model: WanDiT, adapter: ckpt.Loaded | None) -> None:
+        """Freeze the base, wrap the targets with PEFT, and load the adapter being continued."""
+        assert self.lora is not None
+        self.lora_modules = lora.apply(model, self.lora)
+        if adapter is not None:
+            lora.load_adapter(model, adapter.model, str(adapter.root))
+        trainable, total = lora.trainable_share(model)
+        log0(
+            self.rank,
+            f"LoRA r={self.lora.r} alpha={self.lora.alpha} on {len(self.lora_modules)} modules: "
+            f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / total:.4f}",
+        )
+
     def _log_loading(self, loaded: ckpt.Loaded) -> None:
         if loaded.release:
             log0(self.rank, f" loading release checkpoint from {loaded.root}")
@@ -318,6 +375,8 @@ class Trainer:
         decay: list[torch.nn.Parameter] = []
         no_decay: list[torch.nn.Parameter] = []
         for name, param in self.model.named_parameters():
+            if not param.requires_grad:  # a LoRA run's frozen base
+                continue
             (no_decay if name.endswith(".bias") or param.ndim == 1 else decay).append(param)
         groups = [
             {"params": decay, "weight_decay": self.args.weight_decay},
@@ -417,7 +476,7 @@ class Trainer:
             (loss / grad_acc).backward()
             total += loss.detach()
         max_norm = self.args.clip_grad if self.args.clip_grad > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         grad_norm = float(norm)
@@ -433,7 +492,13 @@ class Trainer:
     def save(self) -> None:
         """Gather full state dicts (collective), rank 0 writes iter_XXXXXXX atomically, everyone waits."""
         args = self.args
-        model_sd, optim_sd = ckpt.gather_full_state(self.model, self.optimizer)
+        model_sd, optim_sd = ckpt.gather_full_state(
+            self.model, self.optimizer, trainable_only=self.lora is not None
+        )
+        manifest = None
+        if self.lora is not None:
+            model_sd = lora.adapter_state(model_sd)
+            manifest = self.lora.manifest(self.base_dir, self.lora_modules)
         states: list[Any] = [None] * self.info.world_size
         if dist.is_initialized() and self.info.world_size > 1:
             dist.all_gather_object(states, ckpt.rng_state(self.device.kind))
@@ -453,6 +518,7 @@ class Trainer:
                 [] if args.no_save_rng else states,
                 self.consumed,
                 argparse.Namespace(**{**vars(args), "consumed_train_samples": self.consumed}),
+                lora=manifest,
             )
             print(
                 f"  successfully saved checkpoint from iteration {self.iteration:7d} to {save_dir}",
@@ -496,7 +562,9 @@ class Trainer:
         if args.save and self.saved_at != self.iteration:
             self.save()
         self.log.close()
+        peak, what = self.device.peak_memory_mb()
         log0(self.rank, f"training finished: {self.iteration} iterations")
+        log0(self.rank, f"peak memory: {peak:.1f} MiB ({what}, rank 0)")
         return 0
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from demorun import CLIPS, ITERS, cli
 
 from mm_agent.cli.demo import print_summary
@@ -231,3 +232,44 @@ async def test_mcp_job_tools_stop_and_resume_a_real_training(
         assert any("resuming from" in line for line in log.structured_content["lines"])
     rows = [json.loads(line) for line in (run / "resume-ckpt" / "losses.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, 31))  # cut back to the checkpoint, then continued
+
+
+@pytest.mark.slow
+def test_lora_demo_trains_an_adapter_and_measures_the_full_fine_tune(tmp_path: Path) -> None:
+    """`mm-agent demo --lora --json`: the same report (ok, loss_first, loss_last) for a LoRA job; its
+    checkpoints hold the adapter only, and the report sets it against a short full fine-tune."""
+    import torch
+
+    env = {**os.environ, "MM_AGENT_STATE_DIR": str(tmp_path / "state")}
+    argv = [
+        *cli(),
+        "demo",
+        "--lora",
+        "--json",
+        "--dir",
+        str(tmp_path / "demo"),
+        "--clips",
+        "4",
+        "--iters",
+        "20",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    report = DemoReport.model_validate_json(proc.stdout)
+    assert proc.returncode == 0 and report.ok, (report.message, proc.stderr[-2000:])
+    assert report.loss_first is not None and report.loss_last is not None
+    assert report.loss_last < report.loss_first
+    f = report.lora
+    assert f is not None and 0 < f.trainable_params < f.total_params
+    assert abs(f.trainable_share - 100 * f.trainable_params / f.total_params) < 0.01
+    assert f.peak_mb and f.full_peak_mb and f.full_iters == 10 and f.memory == "host RSS"
+    assert report.artifacts.checkpoint is not None
+    state = torch.load(
+        Path(report.artifacts.checkpoint) / "mp_rank_00" / "model_optim_rng.pt",
+        map_location="cpu",
+        weights_only=False,
+    )
+    keys = list(state["model"])
+    assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys), keys[:5]  # the adapter only
+    assert report.artifacts.sample is not None and Path(report.artifacts.sample).stat().st_size > 0
+    job = yaml.safe_load((Path(report.run_dir) / "job" / "job.yaml").read_text(encoding="utf-8"))
+    assert job["task"] == "lora"

@@ -55,6 +55,7 @@ TRAIN_FLAGS = {
     "--log-interval", "--save-interval", "--load", "--save", "--no-load-optim", "--no-load-rng",
     "--tensorboard-dir", "--device", "--auto-resume",
 }  # fmt: skip
+LORA_FLAGS = {"--lora-r", "--lora-alpha", "--lora-target-modules", "--lora-register-forward-hook"}
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +203,27 @@ def test_bundled_scripts_launch_the_runtime_with_exactly_its_flags(tmp_path: Pat
     assert cmd.flags["--load"] == [str(tmp_path / "ckpt")]
     args = sample.parse_args(_argv(cmd))
     assert (args.prompt_file, args.save_path) == (str(job / "samples_prompts.txt"), str(job / "samples"))
+
+
+def test_bundled_lora_job_passes_mindspeed_mm_s_lora_flags_and_samples_with_its_base(
+    tmp_path: Path, tiny: Path
+) -> None:
+    from runtime import sample, train
+
+    job, _, files = _bundled(tmp_path, tiny, task="lora")
+    cmd = _launch(job, "pretrain.sh")
+    assert set(cmd.flags) == TRAIN_FLAGS | LORA_FLAGS
+    assert cmd.flags["--lora-target-modules"] == ["ffn.2", "ffn.0", "proj_q", "proj_k", "proj_v", "proj_out"]
+    assert cmd.flags["--load"] == [str(tiny) + "-mm"]  # the frozen base
+    args = train.parse_args(_argv(cmd))
+    assert (args.lora_r, args.lora_alpha, args.lora_register_forward_hook) == (16, 16, ["patch_embedding"])
+    cmd = _launch(job, "inference.sh")
+    assert cmd.flags["--load"] == [str(tmp_path / "ckpt")]  # the adapter ...
+    assert sample.parse_args(_argv(cmd)).load_base_model == str(tiny) + "-mm"  # ... merged into its base
+    assert not _errors(job)
+    assert (
+        subprocess.run([_shellcheck(), *(str(job / s) for s in files if s.endswith(".sh"))]).returncode == 0
+    )
 
 
 def test_bundled_job_validates_clean_and_passes_shellcheck(tmp_path: Path, tiny: Path) -> None:
@@ -536,7 +558,8 @@ def test_route_shows_the_bundled_pipeline_where_it_applies() -> None:
     top = result.candidates[0]
     assert (top.model_id, top.task, top.runtime) == ("wan2.1", "t2v", "bundled")
     assert "mm-agent train" in top.pipeline[5].commands[0] and "runtime.train" in top.explanation
-    others = [c for c in result.candidates if c.task != "t2v"]
+    others = [c for c in result.candidates if c.task not in ("t2v", "lora")]
     assert others and all(c.runtime == "mindspeed-mm" for c in others)
+    assert all(c.runtime == "bundled" for c in result.candidates if c.task == "lora")  # a LoRA of the t2v DiT
     stock = route_model(RouteRequest(text="train wan2.1 text to video")).candidates[0]
     assert stock.runtime == "mindspeed-mm" and "pretrain_sora.py" in stock.pipeline[5].commands[0]

@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
         description="Synthesise a small video-caption dataset and tiny Wan2.1 weights, then route, render "
         "(bundled runtime), validate, convert hf_to_mm, extract features and train (torchrun), sample an "
         "mp4 and diagnose the training log, through the same functions the MCP tools call.",
-        epilog="examples: mm-agent demo; mm-agent demo --dir /tmp/demo --clips 4 --iters 20 --json",
+        epilog="examples: mm-agent demo; mm-agent demo --dir /tmp/demo --clips 4 --iters 20 --json; mm-agent demo --lora",
     )
     p.add_argument(
         "--dir",
@@ -47,6 +47,12 @@ def add_parser(sub: Any) -> None:
         default=_DEFAULTS.device,
         help="runtime device (default auto: NPU, then CUDA, then CPU)",
     )
+    p.add_argument(
+        "--lora",
+        action="store_true",
+        help="train a LoRA adapter on the frozen base (MindSpeed-MM's --lora-* flags) and measure a short "
+        "full fine-tune of the same job beside it (trainable share, peak memory, step time)",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -56,7 +62,12 @@ def _request(args: argparse.Namespace) -> DemoRequest:
 
     try:
         return DemoRequest(
-            dir=args.dir, clips=args.clips, iters=args.iters, nproc=args.nproc, device=args.device
+            dir=args.dir,
+            clips=args.clips,
+            iters=args.iters,
+            nproc=args.nproc,
+            device=args.device,
+            lora=args.lora,
         )
     except ValidationError as exc:
         raise option_error(exc, "demo") from None
@@ -91,6 +102,19 @@ def print_summary(report: DemoReport) -> None:
         out.print(
             f"  loss {report.loss_first:.4f} -> {report.loss_last:.4f} "
             f"(mean of the first and last {report.loss_window} logged losses)",
+            markup=False,
+        )
+    if report.lora is not None:
+        f = report.lora
+        peaks = (
+            f"; peak {f.peak_mb:.0f} MiB vs {f.full_peak_mb:.0f} MiB full ({f.memory})"
+            if f.peak_mb and f.full_peak_mb
+            else ""
+        )
+        steps = f"; step {f.step_ms:.0f} vs {f.full_step_ms:.0f} ms" if f.step_ms and f.full_step_ms else ""
+        out.print(
+            f"  LoRA trains {f.trainable_params:,} of {f.total_params:,} parameters ({f.trainable_share:.2f}%)"
+            f"{peaks}{steps} (full fine-tune: {f.full_iters} iterations)",
             markup=False,
         )
     colour = "green" if report.ok else "red"

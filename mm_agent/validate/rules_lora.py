@@ -96,7 +96,8 @@ def _check_launch(job: Job, launch: Launch) -> None:
     if _model_id(launch) == "wandit":
         _check_wan_hook(job, launch)
     _check_base(job, launch)
-    _check_switches(job, launch)
+    if not launch.is_bundled:  # the bundled runtime keeps the adapter's optimizer and RNG for exact resume
+        _check_switches(job, launch)
 
 
 def _check_rank(job: Job, launch: Launch) -> None:
