@@ -746,8 +746,10 @@ class _Scored:
 def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, version: str) -> _Scored:
     """model match (100) >> task match (10) >> family match (1); the small bonuses only break ties.
 
-    Tie-breakers, largest first: the requested size exists (0.5), the version has it (0.25), how many
-    distinct requested tasks the model covers ("text-to-image lora" prefers a model with both), status.
+    A LoRA task gets 1 more when the request also names the task it adapts (its `weights_of`, else another
+    task of the model), so "Wan2.1 text-to-video with LoRA" is the LoRA job. Tie-breakers, largest first: the requested size exists
+    (0.5), the version has it (0.25), how many distinct requested tasks the model covers ("text-to-image lora"
+    prefers a model with both), status.
     """
     score, why = 0.0, []
     if named == entry.id:
@@ -759,6 +761,13 @@ def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, vers
     if _task_asked(entry, task.id, p):
         score += 10
         why.append(f"task {task.id} requested")
+        adapted = task.weights_of or next(
+            (t.id for t in entry.tasks if t.id != task.id and _task_asked(entry, t.id, p)), None
+        )
+        if task.id == "lora" and adapted and _task_asked(entry, adapted, p):
+            # "text-to-video with LoRA": the LoRA of the text-to-video model, not its full fine-tune
+            score += 1
+            why.append(f"a LoRA of the {adapted} model")
     if _family_asked(entry, task.id, p):
         score += 1
         why.append(f"{entry.family} family matches")

@@ -334,3 +334,19 @@ def test_lora_words_route_to_the_wan21_lora_task(
     assert "lora" in result["parsed"]["tasks"]
     top = result["candidates"][0]
     assert (top["model_id"], top["task"], top["size"]) == ("wan2.1", "lora", size)
+
+
+@pytest.mark.parametrize(
+    ("text", "model"),
+    [
+        ("fine-tune Wan2.1 text-to-video with LoRA", "wan2.1"),
+        ("wan2.1 文生视频 LoRA 微调", "wan2.1"),
+        ("text-to-image lora", None),
+    ],
+)
+def test_a_lora_of_a_named_task_is_the_lora_job(
+    capsys: pytest.CaptureFixture[str], text: str, model: str | None
+) -> None:
+    (result,) = both(capsys, text)
+    top = result["candidates"][0]
+    assert top["task"] == "lora" and (model is None or top["model_id"] == model), top
