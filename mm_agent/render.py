@@ -244,11 +244,28 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         train = _train_script(job, files)
         # before training, on one node (features land on the shared feature_dir)
         steps += [f"{_ONE_NODE} bash {shlex.quote(d + '/' + s)}" for s in scripts if s != train]
-        return steps + launcher_steps(job, job.spec.launcher)
+        return steps + launcher_steps(job, job.spec.launcher) + _lora_merge(job)
     if job.nnodes > 1:
-        return steps + _per_node(job, scripts)
+        return steps + _per_node(job, scripts) + _lora_merge(job)
     steps += [f"bash {shlex.quote(d + '/' + s)}" for s in scripts]
-    return steps
+    return steps + _lora_merge(job)
+
+
+def _lora_merge(job: ResolvedJob) -> list[str]:
+    """A LoRA job's adapter merged into its base after training, where inference.sh samples from it."""
+    lora = job.arch.get("lora") if job.task.id == "lora" else None
+    conv = job.entry.converter
+    from mm_agent.convert.plan import NATIVE  # (the plan module loads no torch)
+
+    if not lora or conv is None or "merge_lora_to_base" not in NATIVE.get(conv.class_name, ()):
+        return []  # mm-agent merges natively only where MindSpeed-MM's merge is matched byte for byte
+    argv = ["mm-agent", "convert", conv.class_name, "merge_lora_to_base", "--source", job.load_path]
+    argv += ["--lora", job.save_path, "--target", job.load_path + "_merge"]
+    argv += ["--lora-rank", str(lora["r"]), "--lora-alpha", str(lora["alpha"]), "--yes"]
+    return [
+        "# after training: merge the adapter into the base (inference.sh samples the merge)",
+        shlex.join(argv),
+    ]
 
 
 # Nodes listed one command each; above this, node 0, node 1 and one line for the rest.

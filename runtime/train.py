@@ -563,8 +563,8 @@ class Trainer:
             self.save()
         self.log.close()
         peak, what = self.device.peak_memory_mb()
-        log0(self.rank, f"training finished: {self.iteration} iterations")
         log0(self.rank, f"peak memory: {peak:.1f} MiB ({what}, rank 0)")
+        log0(self.rank, f"training finished: {self.iteration} iterations")
         return 0
 
 
@@ -578,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         liveness.start()
         code = Trainer(args, device, info).run(liveness)
         liveness.finish()
+        barrier()  # every rank done with its collectives before any tears its process group down
         return code
     finally:
         destroy()

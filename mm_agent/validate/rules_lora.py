@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from mm_agent.convert.mapping import load_mapping
 from mm_agent.validate.job import Job, Launch, to_int
 
 # Module paths PEFT can wrap in MindSpeed-MM's Wan DiT (mindspeed_mm/models/predictor/dits/wan_dit.py with
@@ -46,9 +47,11 @@ WAN_HOOK_NAMES = frozenset(p.rsplit(".", 1)[-1] for p in WAN_DIT_MODULES) | {
     "text_embedding",
     "head",
 }
-# checkpoint/sora_model/wan_converter.py `lora_target_modules`: merge_lora_to_base merges adapters whose
-# key contains one of these and drops every other adapter without a word.
-WAN_MERGED_TARGETS = ("proj_q", "proj_k", "proj_v", "proj_out", "ffn.0", "ffn.2")
+# checkpoint/sora_model/wan_converter.py `lora_target_modules` (kept as data in the converter's key map):
+# merge_lora_to_base merges adapters whose key contains one of these and drops every other adapter without a word.
+_lora_rules = load_mapping("WanConverter").lora
+assert _lora_rules is not None, "mappings/WanConverter.yaml has no lora section"
+WAN_MERGED_TARGETS = tuple(_lora_rules.target_modules)
 STOCK_SWITCHES = ("--no-load-optim", "--no-load-rng", "--no-save-optim", "--no-save-rng")
 
 
