@@ -20,7 +20,16 @@ pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 psutil = pytest.importorskip("psutil")
 
-from test_runtime_train import PREDICTOR, ROOT, env, losses, run, torchrun, train_args, write_job  # noqa: E402
+from test_runtime_train import (  # noqa: E402
+    ROOT,
+    env,
+    inference_config,
+    losses,
+    run,
+    torchrun,
+    train_args,
+    write_job,
+)
 
 from mm_agent.convert.engine import execute  # noqa: E402
 from mm_agent.convert.mapping import load_mapping  # noqa: E402
@@ -176,14 +185,7 @@ def test_sample_with_lora_checkpoint(
 ) -> None:
     from decord import VideoReader
 
-    config = {"fps": 8, "pipeline_config": {"input_size": [9, 32, 32]}, "predictor": PREDICTOR,
-              "ae": {"model_id": "wan_video_vae", "from_pretrained": str(weights / "vae"), "dtype": "float32",
-                     "norm_latents": True},
-              "tokenizer": {"from_pretrained": str(weights / "tokenizer")},
-              "text_encoder": {"model_id": "UMT5", "from_pretrained": str(weights / "text_encoder"), "dtype": "bf16"},
-              "diffusion": {"model_id": "UniPCMultistepScheduler", "num_inference_steps": 50, "guidance_scale": 1.0,
-                            "flow_shift": 5.0}}  # fmt: skip
-    (tmp_path / "inference_model.json").write_text(json.dumps(config))
+    (tmp_path / "inference_model.json").write_text(json.dumps(inference_config(weights, guidance=1.0)))
     (tmp_path / "prompts.txt").write_text("a red square moving left\n")
     out = tmp_path / "samples"
     argv = [sys.executable, "-m", "runtime.sample", "--mm-model", str(tmp_path / "inference_model.json"),

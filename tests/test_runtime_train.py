@@ -347,6 +347,17 @@ def test_iteration_line_is_megatrons() -> None:
     assert "learning rate: 1.000000E-05 | global batch size:     8 | loss: 4.024374E-01 |" in line
 
 
+def inference_config(weights: Path, guidance: float) -> dict[str, Any]:
+    """inference_model.json for the tiny Wan of `runtime.synth` (9 frames of 32x32, the predictor above)."""
+    return {"fps": 8, "pipeline_config": {"input_size": [9, 32, 32]}, "predictor": PREDICTOR,
+            "ae": {"model_id": "wan_video_vae", "from_pretrained": str(weights / "vae"), "dtype": "float32",
+                   "norm_latents": True},
+            "tokenizer": {"from_pretrained": str(weights / "tokenizer")},
+            "text_encoder": {"model_id": "UMT5", "from_pretrained": str(weights / "text_encoder"), "dtype": "bf16"},
+            "diffusion": {"model_id": "UniPCMultistepScheduler", "num_inference_steps": 50,
+                          "guidance_scale": guidance, "flow_shift": 5.0}}  # fmt: skip
+
+
 @pytest.mark.slow
 def test_sample_writes_mp4_from_trained_checkpoint(weights: Path, tmp_path: Path) -> None:
     from decord import VideoReader
@@ -355,14 +366,7 @@ def test_sample_writes_mp4_from_trained_checkpoint(weights: Path, tmp_path: Path
     req = ConvertRequest(converter="WanConverter", method="hf_to_mm", source=str(weights / "transformer"),
                          target=str(converted), confirm=True)  # fmt: skip
     assert execute(req).status == "converted"
-    config = {"fps": 8, "pipeline_config": {"input_size": [9, 32, 32]}, "predictor": PREDICTOR,
-              "ae": {"model_id": "wan_video_vae", "from_pretrained": str(weights / "vae"), "dtype": "float32",
-                     "norm_latents": True},
-              "tokenizer": {"from_pretrained": str(weights / "tokenizer")},
-              "text_encoder": {"model_id": "UMT5", "from_pretrained": str(weights / "text_encoder"), "dtype": "bf16"},
-              "diffusion": {"model_id": "UniPCMultistepScheduler", "num_inference_steps": 50, "guidance_scale": 3.0,
-                            "flow_shift": 5.0}}  # fmt: skip
-    (tmp_path / "inference_model.json").write_text(json.dumps(config))
+    (tmp_path / "inference_model.json").write_text(json.dumps(inference_config(weights, guidance=3.0)))
     (tmp_path / "prompts.txt").write_text("a red square moving left\n\na blue circle moving up\n")
     out = tmp_path / "samples"
     argv = [sys.executable, "-m", "runtime.sample", "--mm-model", str(tmp_path / "inference_model.json"),
