@@ -430,6 +430,28 @@ def _dataset(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     return text, data
 
 
+def _estimate(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    """The verdict and the biggest parts in the text; the contract keys and the top levers in the data."""
+    keep = {"fits", "per_device_gb", "device_gb", "breakdown", "step_seconds", "run_hours", "epoch_hours"}
+    data = _dump(r, include=keep | {"model", "size", "task", "device", "npus", "seq_tokens"})
+    data["levers"] = [{"change": lv.change, "per_device_gb": lv.per_device_gb} for lv in r.levers[:3]]
+    data["step_seconds"] = r.step_seconds  # the contract: always present, null when unknown
+    verdict = "fits" if r.fits else "does NOT fit"
+    parts = ", ".join(f"{k} {v:g}" for k, v in sorted(r.breakdown.items(), key=lambda kv: -kv[1])[:3])
+    lines = [
+        f"{r.model} {r.size} {r.task} on {r.npus} x {r.device}: {r.per_device_gb:g} of {r.device_gb:g} GB per "
+        f"device, {verdict} (largest: {parts} GB); {r.seq_tokens:,} tokens/sample.",
+    ]
+    if r.step_seconds is not None:
+        lines.append(f"Step {r.step_seconds:g} s for a global batch of {r.global_batch}.")
+    if r.levers:
+        best = r.levers[0]
+        lines.append(f"Best lever: {best.change} -> {best.per_device_gb:g} GB ({len(r.levers)} in the data).")
+    if not detail:
+        lines.append(f"{DETAIL_HINT} (layout, parameter source, every lever).")
+    return "\n".join(lines), data
+
+
 def _generic(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     message = getattr(r, "message", None) or getattr(r, "status", None) or type(r).__name__
@@ -449,6 +471,7 @@ _SHAPERS: dict[str, Callable[[Any, bool], tuple[str, dict[str, Any]]]] = {
     "StageLaunch": _launch,
     "ConvertReport": _convert,
     "DatasetResult": _dataset,
+    "EstimateResult": _estimate,
 }
 
 

@@ -42,6 +42,7 @@ from mm_agent.dataset import DatasetRequest, DatasetResult, prepare_dataset
 from mm_agent.diagnose import DiagnoseRequest, DiagnosisReport, diagnose_errors
 from mm_agent.doctor import DoctorReport, DoctorRequest, check_environment
 from mm_agent.errors import MMAgentError, os_error
+from mm_agent.estimate import EstimateRequest, EstimateResult, estimate_resources
 from mm_agent.guard import TOOL_TIMEOUT_S, Guard
 from mm_agent.install.deps import InstallResult, install_deps
 from mm_agent.install.plan import InstallRequest
@@ -385,6 +386,18 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
         route_core,
         "A request in words (English or Chinese) -> the best model/task/backend with its pipeline, the others "
         "one line each, or a question.",
+    )
+
+    async def estimate_core(req: EstimateRequest, ctx: Context) -> EstimateResult:
+        return await run(lambda: estimate_resources(req, root=root))
+
+    _register(
+        mcp,
+        "estimate_resources",
+        READ_ONLY,
+        EstimateRequest,
+        estimate_core,
+        "Will a job fit: memory per device by part, step time, levers that make it fit.",
     )
 
     async def render_core(req: RenderRequest, ctx: Context) -> RenderResult:

@@ -20,6 +20,7 @@ from mm_agent.server import build_server
 TOOLS = {
     "list_models",
     "route_model",
+    "estimate_resources",
     "render_job",
     "validate_configs",
     "diagnose_errors",
@@ -55,7 +56,7 @@ HINT_DEFAULTS = {
     "idempotent_hint": False,
     "open_world_hint": True,
 }
-TOOLS_LIST_BUDGET = 16_400  # characters of compact JSON every client reads before the first call
+TOOLS_LIST_BUDGET = 17_310  # characters of compact JSON every client reads before the first call
 
 
 def _hints(tool: Any) -> dict[str, bool]:
@@ -220,6 +221,7 @@ def _inspector(workspace: Path, *method_args: str) -> subprocess.CompletedProces
 INSPECTOR_CALLS: dict[str, tuple[list[str], str]] = {
     "list_models": (["family=vlm"], "qwen2.5vl"),
     "route_model": (["request=fine-tune Wan2.1 on 2 nodes with 8 NPUs each"], "wan2.1"),
+    "estimate_resources": (["model=wan2.1", "size=14b"], "32,760 tokens/sample"),
     "render_job": (["model=wan2.1", "task=t2v", "out_dir=jobs/w"], "would write"),
     "validate_configs": (['paths=["jobs"]'], "error(s)"),
     "diagnose_errors": (["text=RuntimeError: Bus error (core dumped)"], "Root cause"),

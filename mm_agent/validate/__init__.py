@@ -19,6 +19,7 @@ from mm_agent.validate import (
     rules_common,
     rules_data,
     rules_dataset,
+    rules_estimate,
     rules_generative,
     rules_launcher,
     rules_lora,
@@ -104,6 +105,7 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         rules_ranktable,
         rules_launcher,
         rules_lora,
+        rules_estimate,
     ):
         try:
             rules.check(job)

@@ -1,0 +1,189 @@
+"""A registry model and size as the estimator sees it: parameter counts and the transformer shape that
+activation memory and FLOPs need, from the best source there is.
+
+Order of sources: the size's `arch` where it has the dimensions (Wan-family DiT: hidden_size, ffn_dim,
+num_layers; Qwen2.5-VL: llm_*/vit_*), else the parameter count in the size id ("14b", "a14b": 14B per expert),
+else in a Hugging Face id ("CogVideoX-5b", "Qwen3.5-35B-A3B": 3B active), else `shapes.yaml`. Where the
+layer count and width are not in the registry they follow the usual aspect ratio (width = 128 x layers).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mm_agent.errors import MMAgentError
+from mm_agent.registry import read_yaml, validation_error
+from mm_agent.registry.schema import ModelEntry, SizeSpec
+
+SHAPES_FILE = Path(__file__).with_name("shapes.yaml")
+Kind = Literal["video", "image", "vlm"]
+_COUNT = re.compile(r"(?<![a-z0-9.])(a?)(\d+(?:\.\d+)?)([bm])(?![a-z0-9])")
+_ACTIVE = re.compile(r"-a(\d+(?:\.\d+)?)b(?![a-z0-9])")
+
+
+class ShapeData(BaseModel):
+    """What shapes.yaml says about one model (see the file's header)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Kind
+    params_b: float | None = Field(default=None, gt=0)
+    active_b: float | None = Field(default=None, gt=0)
+    vae_stride: list[int] = Field(default=[4, 8, 8], min_length=3, max_length=3)
+    patch: list[int] = Field(default=[1, 2, 2], min_length=3, max_length=3)
+    stride_by_size: dict[str, list[int]] = Field(default_factory=dict)
+    encoders_b: float = Field(default=0, ge=0)
+    source: str = Field(min_length=5)
+
+
+class ShapeTable(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: dict[str, ShapeData]
+
+
+@functools.lru_cache(maxsize=1)
+def load_shapes() -> ShapeTable:
+    try:
+        return ShapeTable.model_validate(read_yaml(SHAPES_FILE))
+    except ValidationError as exc:
+        raise validation_error(SHAPES_FILE, exc, schema="mm_agent/estimate/model.py") from exc
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One transformer stack: what memory and FLOPs need of it."""
+
+    params: float  # every parameter (MoE: all experts)
+    active: float  # parameters one token passes through
+    layers: int
+    hidden: int
+    ffn: int
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    kind: Kind
+    main: Tower  # the DiT or the LLM
+    vit: Tower | None  # VLM vision encoder, trained with the LLM
+    cross_attention: bool  # DiT attends to text tokens in every block
+    vocab: int  # LLM logits width (0: none)
+    encoders: float  # frozen VAE/text encoder parameters (counted only when the job encodes online)
+    vae_stride: tuple[int, int, int]
+    patch: tuple[int, int, int]
+    default_text_len: int
+    source: str
+
+
+def _derived(params: float, active: float) -> Tower:
+    """A tower of `params` with the usual aspect ratio: 12 x layers x width^2 = active params, width = 128 x L."""
+    layers = max(2, round((active / (12 * 128**2)) ** (1 / 3)))
+    hidden = max(256, round(math.sqrt(active / (12 * layers)) / 64) * 64)
+    return Tower(params, active, layers, hidden, 4 * hidden)
+
+
+def parse_count(text: str) -> tuple[float, bool] | None:
+    """Billions of parameters in a size or model id ("1.3b", "a14b", "1600M"), and whether it is per expert."""
+    match = _COUNT.search(text.lower())
+    if match is None:
+        return None
+    value = float(match.group(2)) / (1000 if match.group(3) == "m" else 1)
+    return value, bool(match.group(1))
+
+
+def _active_in(hf_ids: list[str]) -> float | None:
+    for hf_id in hf_ids:
+        match = _ACTIVE.search(hf_id.lower())
+        if match:
+            return float(match.group(1))
+    return None
+
+
+def _wan(arch: dict[str, Any], experts: int) -> Tower:
+    """Wan DiT parameters from its config: per block self- and cross-attention (4 h^2 each), FFN (2 h f),
+    modulation and norms; plus patch, text and time embeddings and the head."""
+    h, f, layers = int(arch["hidden_size"]), int(arch["ffn_dim"]), int(arch["num_layers"])
+    patch = math.prod(arch.get("patch_size", [1, 2, 2]))
+    block = 8 * h * h + 2 * h * f + 10 * h + f + 6 * h
+    embed = int(arch.get("in_dim", 16)) * patch * h + int(arch.get("text_dim", 4096)) * h + h * h
+    embed += int(arch.get("freq_dim", 256)) * h + h * h + 6 * h * h + h * int(arch.get("out_dim", 16)) * patch
+    one = float(layers * block + embed)
+    return Tower(one * experts, one, layers, h, f)
+
+
+def _qwen_vlm(arch: dict[str, Any]) -> tuple[Tower, Tower]:
+    """Qwen2.5-VL: LLM with grouped-query attention and SwiGLU, untied embeddings; ViT with SwiGLU blocks."""
+    h, f, layers = int(arch["llm_hidden"]), int(arch["llm_ffn"]), int(arch["llm_layers"])
+    head = h // int(arch["llm_heads"])
+    kv = int(arch.get("num_query_groups", arch["llm_heads"])) * head
+    llm = float(layers * (2 * h * h + 2 * h * kv + 3 * h * f) + 2 * int(arch.get("vocab_size", 152064)) * h)
+    vh, vf, vl = int(arch["vit_hidden"]), int(arch["vit_ffn"]), int(arch["vit_layers"])
+    vit = float(vl * (4 * vh * vh + 3 * vh * vf))
+    return Tower(llm, llm, layers, h, f), Tower(vit, vit, vl, vh, vf)
+
+
+def model_shape(entry: ModelEntry, size: SizeSpec) -> ModelShape:
+    """The shape of `entry`'s `size`; an error names the model when nothing gives its parameter count."""
+    data = load_shapes().models.get(entry.id)
+    kind: Kind = data.kind if data else ("vlm" if entry.family == "vlm" else "video")
+    arch = size.arch
+    experts = int(arch.get("experts", 2 if size.id.startswith("a") and entry.family == "generative" else 1))
+    vit: Tower | None = None
+    if {"hidden_size", "ffn_dim", "num_layers"} <= set(arch):
+        main, source = _wan(arch, experts), "registry arch (DiT dimensions)"
+    elif {"llm_hidden", "llm_ffn", "llm_layers", "vit_hidden"} <= set(arch):
+        (main, vit), source = _qwen_vlm(arch), "registry arch (LLM and ViT dimensions)"
+    else:
+        main, source = _counted(entry, size, data, experts)
+    if kind == "vlm" and vit is None:
+        vit = _derived(0.6e9, 0.6e9)  # a ~600M ViT, as Qwen2/2.5/3-VL, InternViT-300M..6B sit around it
+        source += "; ViT assumed 0.6B"
+    vocab = int(arch.get("vocab_size", 151936)) if kind == "vlm" else 0
+    stride = (data.stride_by_size.get(size.id) if data else None) or (data.vae_stride if data else [4, 8, 8])
+    patch = data.patch if data else [1, 2, 2]
+    if data is not None and source.startswith(("shapes.yaml", "size id", "Hugging Face")):
+        source += f" ({data.source})"
+    return ModelShape(
+        kind=kind,
+        main=main,
+        vit=vit,
+        cross_attention=kind != "vlm",
+        vocab=vocab,
+        encoders=(data.encoders_b if data else 0) * 1e9,
+        vae_stride=(stride[0], stride[1], stride[2]),
+        patch=(patch[0], patch[1], patch[2]),
+        default_text_len=int(arch.get("text_len", 512 if kind != "vlm" else 1024)),
+        source=source,
+    )
+
+
+def _counted(entry: ModelEntry, size: SizeSpec, data: ShapeData | None, experts: int) -> tuple[Tower, str]:
+    """A tower from a parameter count: the size id, a Hugging Face id, or shapes.yaml."""
+    found = parse_count(size.id)
+    source = f"size id {size.id!r}"
+    if found is None:
+        for hf_id in size.hf_ids:
+            found = parse_count(hf_id.rsplit("/", 1)[-1].replace("_", "-"))
+            if found is not None:
+                source = f"Hugging Face id {hf_id}"
+                break
+    if found is None and data is not None and data.params_b is not None:
+        found, source = (data.params_b, False), "shapes.yaml"
+    if found is None:
+        raise MMAgentError(
+            f"no parameter count for {entry.id} size {size.id}",
+            field="size",
+            fix="add params_b for the model to mm_agent/estimate/shapes.yaml",
+        )
+    billions, per_expert = found
+    total = billions * (experts if per_expert else 1) * 1e9
+    active_b = _active_in(size.hf_ids) or (data.active_b if data else None)
+    active = billions * 1e9 if per_expert else (active_b * 1e9 if active_b else total)
+    return _derived(total, active), source + "; layers and width derived (width = 128 x layers)"

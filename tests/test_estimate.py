@@ -1,0 +1,193 @@
+"""`estimate_resources` / `mm-agent estimate`: token counts, memory parts that move the right way, verdicts
+and levers, the device table, the CLI and MCP faces, bad input, and the validation warning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from mm_agent.cli import main
+from mm_agent.errors import MMAgentError
+from mm_agent.estimate import EstimateRequest, EstimateResult, estimate_resources
+from mm_agent.estimate.devices import DEVICES_FILE, load_devices, load_devices_file
+from mm_agent.registry import get_registry
+from mm_agent.render import RenderRequest, render_job
+from mm_agent.server import build_server
+from mm_agent.validate import ValidateRequest, validate_configs
+
+CONTRACT = {"fits", "per_device_gb", "device_gb", "breakdown", "step_seconds", "levers"}
+
+
+def est(**kwargs: object) -> EstimateResult:
+    return estimate_resources(EstimateRequest.model_validate(kwargs))
+
+
+def test_wan21_14b_clip_is_32760_tokens() -> None:
+    r = est(model="wan2.1", size="14b", frames=81, height=480, width=832)
+    assert r.seq_tokens == 21 * 30 * 52 == 32_760
+    assert 13.5 < r.params_b < 14.5 and r.params_source.startswith("registry arch")
+
+
+def test_every_generative_and_vlm_model_and_size_answers() -> None:
+    count = 0
+    for entry in get_registry().models.values():
+        if entry.family not in ("generative", "vlm"):
+            continue
+        for size in entry.sizes:
+            r = est(model=entry.id, size=size.id)
+            assert r.per_device_gb > 0 and r.params_b > 0 and r.seq_tokens > 0, (entry.id, size.id)
+            assert r.step_seconds is not None and r.step_seconds > 0, (entry.id, size.id)
+            assert abs(sum(r.breakdown.values()) - r.per_device_gb) < 0.05, (entry.id, size.id)
+            assert r.fits == (r.per_device_gb <= r.device_gb)
+            count += 1
+    assert count > 50
+
+
+def test_parameter_count_sources() -> None:
+    assert est(model="qwen2.5vl", size="7b").params_b == pytest.approx(8.3, abs=0.2)  # LLM + ViT from arch
+    moe = est(model="qwen3vl", size="30b")
+    assert moe.params_b > 30 and moe.active_params_b < 4  # Qwen3-VL-30B-A3B: the hf id's active count
+    assert "size id" in moe.params_source and any("expert parallelism" in n for n in moe.notes)
+    assert "shapes.yaml" in est(model="flux").params_source
+
+
+def test_memory_moves_the_right_way() -> None:
+    base = est(model="wan2.1", size="14b", frames=49)
+    more = est(model="wan2.1", size="14b", frames=81)
+    assert more.breakdown["activations"] > base.breakdown["activations"]
+    assert more.per_device_gb > base.per_device_gb
+    none = est(model="wan2.1", size="14b", recompute="none")
+    full = est(model="wan2.1", size="14b", recompute="full")
+    assert full.breakdown["activations"] < none.breakdown["activations"] / 5
+    assert full.step_seconds is not None and none.step_seconds is not None
+    assert full.step_seconds == pytest.approx(none.step_seconds * 4 / 3, rel=0.01)
+    cp1 = est(model="wan2.1", size="14b", recompute="none", cp=1)
+    cp2 = est(model="wan2.1", size="14b", recompute="none", cp=2)
+    assert cp2.breakdown["activations"] == pytest.approx(cp1.breakdown["activations"] / 2, rel=0.01)
+    few = est(model="wan2.1", size="14b", sharding="layerzero", npus=8)
+    many = est(model="wan2.1", size="14b", sharding="layerzero", npus=32)
+    assert many.per_device_gb < few.per_device_gb
+    assert many.breakdown["weights"] == pytest.approx(few.breakdown["weights"] / 4, abs=0.02)
+
+
+def test_online_encoders_counted_only_without_feature_extraction() -> None:
+    assert "frozen_encoders" not in est(model="wan2.1", size="14b").breakdown  # trains on extracted features
+    assert est(model="wan2.2", size="5b").breakdown["frozen_encoders"] > 5  # encodes online (FSDP2 backend)
+
+
+def test_14b_full_finetune_on_one_npu_does_not_fit_and_says_how() -> None:
+    r = est(model="wan2.1", size="14b", npus=1, sharding="none", device="910b")
+    assert not r.fits and r.device_gb == 64 and r.per_device_gb > 200
+    changes = [lever.change for lever in r.levers]
+    assert any("layerzero" in c or "fsdp2" in c for c in changes), changes
+    assert any("LoRA" in c for c in changes), changes
+    assert r.levers[0].fits and r.levers[0].per_device_gb < r.device_gb
+    assert all(lever.per_device_gb < r.per_device_gb for lever in r.levers)
+    asked = {"model": "wan2.1", "size": "14b", "npus": 1, "sharding": "none", "device": "910b"}
+    redone = est(**(asked | r.levers[0].args))
+    assert redone.per_device_gb == r.levers[0].per_device_gb
+
+
+def test_time_for_the_run_and_the_epoch() -> None:
+    r = est(model="wan2.1", size="1.3b", train_iters=1000, dataset_size=8000)
+    assert r.step_seconds is not None and r.run_hours == pytest.approx(1000 * r.step_seconds / 3600, rel=0.01)
+    assert r.epoch_hours == pytest.approx(8000 / r.global_batch * r.step_seconds / 3600, rel=0.01)
+
+
+def test_device_table_entries_are_complete() -> None:
+    table = load_devices_file(DEVICES_FILE)
+    ids = {d.id for d in table.devices}
+    assert {"910b1", "910b2", "910b3", "910b4", "910c", "atlas-a3", "atlas-800t-a2", "cpu"} <= ids
+    assert {"a100-40g", "a100-80g", "h100", "h200", "h20", "l40s", "rtx4090"} <= ids
+    for device in table.devices:
+        assert device.source.startswith(("http", "unverified", "NVIDIA")), device.id
+        assert 0 < device.mfu < 0.7 and device.memory_gb >= 24 and device.workspace_gb < device.memory_gb / 4
+    assert load_devices().find("910B").memory_gb == 64
+    assert load_devices().find("H200").memory_gb == 141
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "fix"),
+    [
+        ({"model": "wan9"}, "model", "did you mean"),
+        ({"model": "wan2.1", "size": "99b"}, "size", "1.3b, 14b"),
+        ({"model": "wan2.1", "device": "tpu-v9"}, "device", "910b2"),
+        ({"model": "wan2.1", "frames": 80}, "frames", "77 or 81"),
+        ({"model": "wan2.1", "height": 490}, "height", "480 or 496"),
+        ({"model": "wan2.1", "task": "sft"}, "task", "t2v"),
+        ({"model": "whisper"}, "model", "generative or VLM"),
+        ({"model": "wan2.1", "npus": 3, "cp": 2}, "npus", "multiple of 2"),
+        ({}, "model", "job_dir"),
+    ],
+)
+def test_bad_input_names_field_and_fix(kwargs: dict[str, object], field: str, fix: str) -> None:
+    with pytest.raises(MMAgentError) as err:
+        est(**kwargs)
+    assert err.value.field == field and fix in (err.value.fix or ""), err.value.render()
+
+
+def test_cli_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "wan2.1", "--size", "14b", "--npus", "1", "--sharding", "none", "--frames", "81"]
+    assert main([*argv, "--height", "480", "--width", "832", "--device", "910b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= CONTRACT and data["fits"] is False and data["device_gb"] == 64
+    assert all({"change", "per_device_gb"} <= set(lever) for lever in data["levers"])
+    assert main(["estimate", "wan2.1", "--size", "14b"]) == 0
+    assert "fits" in capsys.readouterr().out
+    assert main(["estimate", "wan2.1", "--frames", "80"]) == 2
+    assert "77 or 81" in capsys.readouterr().err
+
+
+def _render(tmp_path: Path, **kwargs: object) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    out = tmp_path / "job"
+    req = RenderRequest.model_validate({"out_dir": str(out), "confirm": True, **kwargs})
+    assert render_job(req, root=tmp_path).status == "written"
+    return out
+
+
+def test_job_dir_reads_its_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = _render(tmp_path, model="wan2.1", task="t2v", size="14b", num_frames=49)
+    r = estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path)
+    assert (r.model, r.size, r.npus, r.sharding, r.recompute, r.frames) == (
+        "wan2.1",
+        "14b",
+        8,
+        "layerzero",
+        "full",
+        49,
+    )
+    assert main(["estimate", str(job), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["frames"] == 49
+
+
+def test_validate_warns_on_an_over_budget_job(tmp_path: Path) -> None:
+    job = _render(tmp_path, model="wan2.1", task="t2v", size="14b", npus_per_node=1)
+    report = validate_configs(ValidateRequest(paths=[str(job)]), root=tmp_path)
+    over = [f for f in report.findings if f.rule == "estimate.over_budget"]
+    assert len(over) == 1 and over[0].severity == "warning" and "GB" in over[0].message and over[0].fix
+    fits = _render(tmp_path / "ok", model="wan2.1", task="t2v", size="1.3b")
+    report = validate_configs(ValidateRequest(paths=[str(fits)]), root=tmp_path / "ok")
+    assert not [f for f in report.findings if f.rule == "estimate.over_budget"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_mcp_tool_answers_briefly_and_in_full(tmp_path: Path) -> None:
+    args = {"model": "wan2.1", "size": "14b", "npus": 1, "sharding": "none", "device": "910b"}
+    async with Client(build_server(tmp_path), raise_exceptions=True) as client:
+        brief = await client.call_tool("estimate_resources", args)
+        full = await client.call_tool("estimate_resources", {**args, "detail": True})
+        bad = await client.call_tool("estimate_resources", {**args, "frames": 80})
+    data = brief.structured_content or {}
+    assert set(data) >= CONTRACT and data["fits"] is False
+    assert "does NOT fit" in brief.content[0].text and "Best lever" in brief.content[0].text  # type: ignore[union-attr]
+    assert (full.structured_content or {})["params_source"].startswith("registry arch")
+    assert bad.is_error and "frames" in bad.content[0].text and "77 or 81" in bad.content[0].text  # type: ignore[union-attr]
