@@ -78,6 +78,19 @@ def test_online_encoders_counted_only_without_feature_extraction() -> None:
     assert est(model="wan2.2", size="5b").breakdown["frozen_encoders"] > 5  # encodes online (FSDP2 backend)
 
 
+def test_a_device_that_trains_in_fp32_counts_fp32_bytes() -> None:
+    """The bundled runtime trains in fp32 on CPU (devices.yaml `precision`): 4 + 4 + 8 bytes per parameter
+    instead of 2 + 4 + 12, and activations twice bf16's."""
+    base = {"model": "wan2.1", "size": "1.3b", "npus": 1, "sharding": "none", "recompute": "none"}
+    npu = estimate_resources(EstimateRequest(**base, device="910b"))
+    cpu = estimate_resources(EstimateRequest(**base, device="cpu"))
+    assert load_devices().find("cpu").precision == "fp32" and load_devices().find("910b").precision == "bf16"
+    assert cpu.breakdown["weights"] == pytest.approx(2 * npu.breakdown["weights"], rel=0.01)
+    assert cpu.breakdown["gradients"] == pytest.approx(npu.breakdown["gradients"], rel=0.01)
+    assert cpu.breakdown["optimizer"] == pytest.approx(npu.breakdown["optimizer"] * 8 / 12, rel=0.01)
+    assert cpu.breakdown["activations"] == pytest.approx(2 * npu.breakdown["activations"], rel=0.01)
+
+
 def test_14b_full_finetune_on_one_npu_does_not_fit_and_says_how() -> None:
     r = est(model="wan2.1", size="14b", npus=1, sharding="none", device="910b")
     assert not r.fits and r.device_gb == 64 and r.per_device_gb > 200

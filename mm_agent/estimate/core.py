@@ -86,6 +86,7 @@ def estimate_once(req: EstimateRequest) -> EstimateResult:
         sharding=req.sharding or _sharding(task, size),
         lora=req.lora if req.lora is not None else task.id == "lora",
         online_encoders=shape.kind != "vlm" and task.feature_extraction is None,
+        fp32=device.precision == "fp32",
     )
     split = lay.tp * lay.pp * lay.cp
     if lay.npus % split:

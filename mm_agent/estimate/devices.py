@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -31,6 +32,10 @@ class Device(_Strict):
         ge=0, le=64, description="runtime context, collective buffers, allocator slack"
     )
     source: str = Field(min_length=10, description="datasheet URL or document; 'unverified' where none")
+    precision: Literal["bf16", "fp32"] = Field(
+        default="bf16",
+        description="how training runs there: bf16 mixed precision, or fp32 (the bundled runtime on CPU)",
+    )
 
 
 class DeviceTable(_Strict):

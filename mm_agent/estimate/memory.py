@@ -1,7 +1,7 @@
 """Memory per device, itemised: weights, gradients, optimizer states, activations, frozen encoders, workspace.
 
 Mixed precision as Megatron keeps it: bf16 weights (2 bytes), fp32 main gradients (4), fp32 master copy and
-Adam m/v (12). Sharding divides them over the data parallel ranks (CP ranks included, as Megatron's groups do): the distributed optimizer only the optimizer
+Adam m/v (12); on a device that trains in fp32 (the bundled runtime on CPU) 4 + 4 + 8 and 4-byte activations. Sharding divides them over the data parallel ranks (CP ranks included, as Megatron's groups do): the distributed optimizer only the optimizer
 states, LayerZero (ZeRO-3) and FSDP2 all three. Weights are split over TP and PP first.
 
 Activations follow Megatron's per-layer formula (Korthikanti et al., "Reducing Activation Recomputation in
@@ -22,6 +22,8 @@ from mm_agent.estimate.tokens import Tokens
 
 GB = 1024**3
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
+# fp32 training (the bundled runtime on CPU): fp32 weights and gradients, Adam m/v, activations twice bf16's
+FP32_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}
 LORA_RANK = 16
 
 
@@ -36,6 +38,7 @@ class Layout:
     sharding: Sharding
     lora: bool
     online_encoders: bool
+    fp32: bool = False  # the device trains in fp32 (devices.yaml precision)
 
     @property
     def dp(self) -> int:
@@ -73,14 +76,20 @@ def breakdown(shape: ModelShape, tokens: Tokens, lay: Layout, workspace_gb: floa
     shards = lay.dp * lay.cp  # Megatron shards over the data-parallel group with CP ranks included
     dp = shards if zero3 else 1
     opt_dp = shards if lay.sharding != "none" else 1
+    wb, gb, ob = (
+        (FP32_BYTES["weights"], FP32_BYTES["gradients"], FP32_BYTES["optimizer"])
+        if lay.fp32
+        else (WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES)
+    )
+    act = 2 if lay.fp32 else 1  # the activation formula counts 2-byte values
     parts = {
-        "weights": WEIGHT_BYTES * params / model_split / dp,
-        "gradients": GRAD_BYTES * trainable / model_split / dp,
-        "optimizer": OPTIMIZER_BYTES * trainable / model_split / opt_dp,
-        "activations": _activations(shape.main, tokens.seq, tokens.text, shape.cross_attention, lay),
+        "weights": wb * params / model_split / dp,
+        "gradients": gb * trainable / model_split / dp,
+        "optimizer": ob * trainable / model_split / opt_dp,
+        "activations": act * _activations(shape.main, tokens.seq, tokens.text, shape.cross_attention, lay),
     }
     if shape.vit is not None:
-        parts["vit_activations"] = _activations(shape.vit, tokens.vision, 0, False, lay)
+        parts["vit_activations"] = act * _activations(shape.vit, tokens.vision, 0, False, lay)
     if shape.vocab:
         parts["logits"] = 4.0 * tokens.seq * lay.mbs * shape.vocab / (lay.tp * lay.cp)
     if lay.online_encoders and shape.encoders:

@@ -106,7 +106,7 @@ def _active_in(hf_ids: list[str]) -> float | None:
     return None
 
 
-def _wan(arch: dict[str, Any], experts: int) -> Tower:
+def wan_tower(arch: dict[str, Any], experts: int = 1) -> Tower:
     """Wan DiT parameters from its config: per block self- and cross-attention (4 h^2 each), FFN (2 h f),
     modulation and norms; plus patch, text and time embeddings and the head."""
     h, f, layers = int(arch["hidden_size"]), int(arch["ffn_dim"]), int(arch["num_layers"])
@@ -137,7 +137,7 @@ def model_shape(entry: ModelEntry, size: SizeSpec) -> ModelShape:
     experts = int(arch.get("experts", 2 if size.id.startswith("a") and entry.family == "generative" else 1))
     vit: Tower | None = None
     if {"hidden_size", "ffn_dim", "num_layers"} <= set(arch):
-        main, source = _wan(arch, experts), "registry arch (DiT dimensions)"
+        main, source = wan_tower(arch, experts), "registry arch (DiT dimensions)"
     elif {"llm_hidden", "llm_ffn", "llm_layers", "vit_hidden"} <= set(arch):
         (main, vit), source = _qwen_vlm(arch), "registry arch (LLM and ViT dimensions)"
     else:

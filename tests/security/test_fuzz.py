@@ -88,6 +88,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     "tail_logs": {"run_id": "convert-0"},
     "stop_job": {"run_id": "convert-0"},
     "prepare_dataset": {"dir": ".", "model": "wan2.1"},
+    "estimate_resources": {"model": "wan2.1", "size": "1.3b", "npus": 8},
 }
 # Never start real work in a fuzz run: these stay dry runs whatever the fuzzer picks.
 DRY_ONLY = {
