@@ -58,16 +58,14 @@ class JobSpec(BaseModel):
     model: Name = Field(description="registry id, e.g. wan2.1, qwen2.5vl")
     task: TaskId = Field(description="what to train (see list_models)")
     backend: Backend | None = Field(default=None, description="default: the model's first for the task")
-    size: Name | None = Field(default=None, description="model size id, e.g. 1.3b, 14b, 3b (default: first)")
+    size: Name | None = Field(default=None, description="e.g. 1.3b, 14b (default: first)")
     mm_version: Name | None = Field(default=None, description="default: the registry's")
     mm_root: PathText = Field(default="MindSpeed-MM", description="MindSpeed-MM checkout the scripts cd into")
     weights_dir: PathText | None = Field(default=None, description="downloaded HF weights directory")
     load_path: PathText | None = Field(default=None, description="converted checkpoint dir (LOAD_PATH)")
     dataset_dir: PathText = Field(default="dataset", description="raw dataset root")
     dataset_file: PathText | None = Field(default=None, description="dataset index (data.json / MLLM json)")
-    save_path: PathText | None = Field(
-        default=None, description="where training saves checkpoints (default: <job dir>/checkpoints)"
-    )
+    save_path: PathText | None = Field(default=None, description="default: <job dir>/checkpoints")
     feature_dir: PathText | None = Field(
         default=None, description="feature-extraction output (sora_features)"
     )
@@ -98,7 +96,7 @@ class JobSpec(BaseModel):
     )
     runtime: Runtime = Field(
         default="mindspeed-mm",
-        description="mindspeed-mm (its checkout's scripts) or bundled (mm-agent's runtime, Wan t2v, any device)",
+        description="or bundled: mm-agent's runtime (Wan, any device)",
     )
     num_frames: int | None = Field(
         default=None, ge=1, le=10_001, description="frames per clip, 4n+1 (Wan default 81)"
@@ -113,11 +111,11 @@ class JobSpec(BaseModel):
         default=None,
         ge=1,
         le=4096,
-        description="tokens per caption (tokenizer model_max_length, predictor text_len)",
+        description="tokens per caption",
     )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="random seed (default 1234)")
     device: Device | None = Field(
-        default=None, description="bundled runtime device (auto: NPU, else CUDA, else CPU)"
+        default=None, description="bundled runtime: auto = NPU, else CUDA, else CPU"
     )
     launcher: Launcher | None = None
 

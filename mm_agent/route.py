@@ -102,7 +102,7 @@ class RouteRequest(_Strict):
         default=None,
         ge=1,
         le=65536,
-        description="TOTAL NPUs over all nodes (16 = 2 nodes x 8); overrides counts in the text",
+        description="TOTAL over all nodes (16 = 2 x 8); overrides the text",
     )
     npus_per_node: int | None = Field(default=None, ge=1, le=16, description="NPUs on each node")
     nnodes: int | None = Field(
@@ -110,7 +110,7 @@ class RouteRequest(_Strict):
     )
     runtime: Runtime = Field(
         default="mindspeed-mm",
-        description="pipeline to show: MindSpeed-MM's, or mm-agent's bundled runtime (Wan t2v)",
+        description="pipeline of: mindspeed-mm, or bundled (Wan)",
     )
     detail: bool = Field(default=False, description="every candidate's pipeline (default: the best one's)")
 

@@ -37,6 +37,11 @@ _HELP = {
     "gbs": "global batch size, a multiple of mbs x data-parallel size (default: mbs x DP x grad-acc)",
     "grad_acc": "gradient-accumulation steps, used when --gbs is not given (default: the stock value)",
     "recompute": "activation recomputation (default on; --no-recompute trades memory for speed)",
+    "runtime": "mindspeed-mm (its checkout's scripts, the default) or bundled (mm-agent's runtime: Wan t2v and "
+    "its LoRA, on NPU, CUDA or CPU)",
+    "text_len": "tokens per caption (the tokenizer's model_max_length and the predictor's text_len)",
+    "save_path": "where training saves checkpoints (default: <job dir>/checkpoints)",
+    "device": "bundled runtime device (auto: NPU, else CUDA, else CPU)",
     "launcher": "also write a launcher that starts training on every node: pdsh (launch_all.sh HOSTFILE), "
     "ascendjob (ascendjob.yaml, Ascend Operator), volcano (volcano_job.yaml) or slurm (slurm.sbatch); "
     "see docs/launchers.md",

@@ -31,7 +31,7 @@ class ConvertRequest(_Model):
     converter: Name = Field(description="MindSpeed-MM converter class, e.g. WanConverter")
     method: Name = Field(description="converter method, e.g. hf_to_mm, mm_to_hf, resplit")
     source: PathText = Field(description="HF dir (hf_to_mm), MM checkpoint dir (mm_to_hf, resplit)")
-    target: PathText = Field(description="output dir; may equal source for the Wan in-place form")
+    target: PathText = Field(description="output dir (may equal source: Wan in place)")
     hf_dir: PathText | None = Field(
         default=None, description="mm_to_hf: original HF dir (config.json, index files)"
     )
@@ -53,9 +53,9 @@ class ConvertRequest(_Model):
         default=None,
         max_length=32,
         pattern=r"^[A-Za-z0-9._-]{1,32}$",
-        description="mm-convert --version (CogVideoX t2v/i2v, OpenSora-Plan v1.3/v1.5)",
+        description="mm-convert --version (CogVideoX, OpenSora-Plan)",
     )
-    verify: bool = Field(default=False, description="compare source and converted weights numerically")
+    verify: bool = Field(default=False, description="compare source and result numerically")
     confirm: bool = Field(default=False, description="convert (false: dry run, the plan)")
 
     @model_validator(mode="after")

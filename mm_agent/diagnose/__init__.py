@@ -40,7 +40,7 @@ class DiagnoseRequest(BaseModel):
     paths: list[PathText] = Field(
         default_factory=list,
         max_length=MAX_PATHS,
-        description="log files or folders (recursive, .gz too); CLI: `-` is stdin",
+        description="log files or folders (recursive, .gz too)",
     )
     text: str | None = Field(
         default=None,

@@ -20,7 +20,7 @@ class EstimateRequest(BaseModel):
     model: str | None = Field(default=None, max_length=100, description="registry id")
     size: str | None = Field(default=None, max_length=40)
     task: str | None = Field(default=None, max_length=20)
-    job_dir: str | None = Field(default=None, max_length=4096, description="rendered job, instead of model")
+    job_dir: str | None = Field(default=None, max_length=4096, description="rendered job instead")
     npus: int | None = Field(default=None, ge=1, le=100_000)
     tp: int | None = Field(default=None, ge=1, le=1024)
     cp: int | None = Field(default=None, ge=1, le=1024)

@@ -45,7 +45,7 @@ class LaunchRequest(BaseModel):
     env: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         max_length=MAX_ENV,
-        description="extra env: device/communication variables only (HCCL_*, NCCL_*, *_VISIBLE_DEVICES, ...)",
+        description="device/communication variables only (HCCL_*, NCCL_*, *_VISIBLE_DEVICES)",
     )
     stop_grace_s: float = Field(
         default=10.0, gt=0, le=300, description="on stop/watchdog: seconds between SIGTERM and SIGKILL"

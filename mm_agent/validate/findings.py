@@ -40,7 +40,7 @@ class ValidateRequest(BaseModel):
     strict: bool = Field(default=False, description="count warnings as errors")
     mm_root: PathText | None = Field(
         default=None,
-        description="MindSpeed-MM checkout: relative paths start there, its own parser judges each launch",
+        description="MindSpeed-MM checkout: its own parser judges each launch",
     )
 
 
