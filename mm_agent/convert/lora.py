@@ -20,6 +20,7 @@ from mm_agent.convert.mapping import LoraRules, Mapping
 from mm_agent.convert.native import (
     Record,
     count_layers,
+    mm_layout,
     place,
     read_hf_source,
     same_dir,
@@ -261,10 +262,7 @@ def merge_lora_to_base(req: ConvertRequest, plan: ConvertPlan, progress: Progres
     assert req.lora_rank is not None and req.lora_alpha is not None
     scaling = float(req.lora_alpha) / float(req.lora_rank)  # as upstream computes it
     targets = {module + ".weight": pair for module, pair in pairs.items()}
-    names = list(base)
-    split = parse_split(req.pp_layers, count_layers(names, mapping))
-    placement = place(names, split, mapping)
-    files = stage_files(placement, {n: t.numel() * t.element_size() for n, t in base.items()}, split)
+    names, split, placement, files = mm_layout(req.pp_layers, base, mapping)
     record = Record(
         req=req,
         direction="merge_lora_to_base",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_agent.convert.headers import Header, TensorInfo, read_header, safetensors_files
-from mm_agent.convert.layout import LayerKeys, Split, rank_file
+from mm_agent.convert.layout import LayerKeys, Split, parse_split, rank_file
 from mm_agent.convert.manifest import (
     SETTINGS,
     check_rerun,
@@ -134,6 +134,17 @@ def place(mm_names: list[str], split: Split, mapping: Mapping) -> dict[str, tupl
             fix="convert with PP=1 (no pp_layers), or add the keys to pre_process/post_process of the table",
         )
     return out
+
+
+def mm_layout(
+    pp_layers: Any, tensors: dict[str, Any], mapping: Mapping
+) -> tuple[list[str], Split, dict[str, tuple[int, int, str]], list[RankFile]]:
+    """(names, split, placement, rank files) of a merged MM state dict written with `pp_layers` (resplit, merge)."""
+    names = list(tensors)
+    split = parse_split(pp_layers, count_layers(names, mapping))
+    placement = place(names, split, mapping)
+    sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
+    return names, split, placement, stage_files(placement, sizes, split)
 
 
 def stage_files(

@@ -32,6 +32,7 @@ from mm_agent.convert.native import (
     Record,
     count_layers,
     index_file,
+    mm_layout,
     place,
     read_hf_source,
     read_json,
@@ -294,10 +295,7 @@ def resplit(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conve
     mapping = _mapping(req)
     ckpt, manifest = _mm_source(req)
     merged, _ = load_merged(ckpt, mapping.layer_prefix)
-    names = list(merged)
-    split = parse_split(req.pp_layers, count_layers(names, mapping))
-    placement = place(names, split, mapping)
-    files = stage_files(placement, {n: t.numel() * t.element_size() for n, t in merged.items()}, split)
+    names, split, placement, files = mm_layout(req.pp_layers, merged, mapping)
     record = Record(
         req=req,
         direction="resplit",
