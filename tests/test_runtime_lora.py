@@ -5,10 +5,7 @@ adapter, export to diffusers LoRA safetensors loaded by diffusers' own `load_lor
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +18,8 @@ pytest.importorskip("peft")
 psutil = pytest.importorskip("psutil")
 
 from test_runtime_train import (  # noqa: E402
-    ROOT,
-    env,
     inference_config,
+    kill_after_the_iteration_2_save,
     losses,
     run,
     torchrun,
@@ -36,7 +32,6 @@ from mm_agent.convert.mapping import load_mapping  # noqa: E402
 from mm_agent.convert.schema import ConvertRequest  # noqa: E402
 from runtime.lora import merge  # noqa: E402
 from runtime.synth import build_tiny_wan  # noqa: E402
-from runtime.train import SLOW_ENV  # noqa: E402
 
 LORA = ["--lora-r", "4", "--lora-alpha", "8", "--lora-target-modules", "ffn.2", "ffn.0", "proj_q", "proj_k",
         "proj_v", "proj_out", "--lora-register-forward-hook", "patch_embedding"]  # fmt: skip
@@ -108,27 +103,7 @@ def test_lora_resume_after_kill_is_exact(lora_run: dict[str, Any], base: Path) -
         *torchrun(2),
         *train_args(job, save, "--load", str(base), "--recompute-granularity", "full", *LORA),
     ]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env(**{SLOW_ENV: "1.0"}), cwd=ROOT)  # fmt: skip
-    seen = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("  successfully saved checkpoint from iteration       2"):
-                break
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        for child in reversed(tree):
-            os.kill(child.pid, signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
-    assert any("successfully saved checkpoint from iteration       2" in s for s in seen), "".join(seen)[
-        -2000:
-    ]
-    _, alive = psutil.wait_procs(tree, timeout=30)
-    assert not alive
-    assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+    kill_after_the_iteration_2_save(argv, save)
     resumed = run([*argv, "--auto-resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {save} (--auto-resume)" in resumed.stdout

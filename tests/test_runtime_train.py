@@ -168,11 +168,9 @@ def test_checkpoint_artefacts(uninterrupted: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_resume_after_kill_is_exact(uninterrupted: dict[str, Any]) -> None:
-    """SIGKILL the 2-rank run after its iteration-2 checkpoint; resuming from it gives the same losses."""
-    job, reference = uninterrupted["job"], uninterrupted["save"]
-    save = job / "save_b"
-    argv = [*torchrun(2), *train_args(job, save, "--recompute-granularity", "full")]
+def kill_after_the_iteration_2_save(argv: list[str], save: Path) -> None:
+    """Run `argv` slowly, SIGKILL it and every process it started right after its iteration-2 checkpoint,
+    and check that nothing is left and the tracker names iteration 2."""
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -200,6 +198,14 @@ def test_resume_after_kill_is_exact(uninterrupted: dict[str, Any]) -> None:
     _, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+
+
+def test_resume_after_kill_is_exact(uninterrupted: dict[str, Any]) -> None:
+    """SIGKILL the 2-rank run after its iteration-2 checkpoint; resuming from it gives the same losses."""
+    job, reference = uninterrupted["job"], uninterrupted["save"]
+    save = job / "save_b"
+    argv = [*torchrun(2), *train_args(job, save, "--recompute-granularity", "full")]
+    kill_after_the_iteration_2_save(argv, save)
     assert sorted(p.name for p in save.iterdir() if p.name.startswith("iter_")) == ["iter_0000002"]
 
     # The job script's form: re-running the same command with --auto-resume continues from --save.
