@@ -28,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
-from lora import rss_bytes, write_job  # noqa: E402  (benchmarks/lora.py: features, configs, base checkpoint)
+from lora import child as train_child  # noqa: E402
+from lora import write_job  # noqa: E402  (benchmarks/lora.py: features, configs, base checkpoint)
 
 GRID = [
     (frames, size, recompute) for frames in (17, 33) for size in (96, 128) for recompute in ("none", "full")
@@ -37,41 +38,10 @@ MIB = 1 << 20
 
 
 def child(root: Path, recompute: str, opts: argparse.Namespace) -> dict[str, Any]:
-    """Train in this process for warmup + steps iterations; peak memory above the start and the median step."""
-    import resource
-
-    import torch
-
-    from runtime.device import pick_device
-    from runtime.dist import destroy, init_distributed
-    from runtime.train import Trainer, parse_args
-
-    torch.set_num_threads(opts.threads)
-    argv = ["--mm-data", str(root / "feature_data.json"), "--mm-model", str(root / "pretrain_model.json"),
-            "--lr", "1e-4", "--lr-decay-style", "constant", "--train-iters", str(10**6), "--log-interval", str(10**6),
-            "--num-workers", "0", "--global-batch-size", "1", "--load", str(root / "base"), "--device", opts.device]  # fmt: skip
-    if recompute == "full":
-        argv += ["--recompute-granularity", "full"]
-    args = parse_args(argv)
-    device = pick_device(args.device, 0, bf16=False)
-    info = init_distributed(device)
-    accel = getattr(torch, device.kind) if device.kind in ("cuda", "npu") else None
-    before = rss_bytes()
-    trainer = Trainer(args, device, info)
-    times = []
-    for index in range(opts.warmup + opts.steps):
-        started = time.perf_counter()
-        trainer.step()
-        if accel is not None:
-            accel.synchronize()
-        if index >= opts.warmup:
-            times.append(time.perf_counter() - started)
-    if accel is not None:
-        peak = accel.max_memory_allocated()
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    destroy()
-    return {"step_s": statistics.median(times), "peak_bytes": peak}
+    """Train in this process for warmup + steps iterations (benchmarks/lora.py's full fine-tune, with
+    recompute when asked): peak memory above the start and the median step."""
+    got = train_child(root, "full", opts, ("--recompute-granularity", "full") if recompute == "full" else ())
+    return {"step_s": got["step_ms"] / 1000, "peak_bytes": got["peak_bytes"]}
 
 
 def matmul_rate(threads: int) -> float:

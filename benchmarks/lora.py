@@ -74,8 +74,9 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(root: Path, mode: str, opts: argparse.Namespace) -> dict[str, Any]:
-    """Train `mode` for warmup + steps iterations in this process and measure it."""
+def child(root: Path, mode: str, opts: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Train `mode` (with `extra` runtime.train flags) for warmup + steps iterations in this process and
+    measure it (benchmarks/estimate_calibration.py uses it too)."""
     import torch
 
     from runtime.device import pick_device
@@ -86,6 +87,7 @@ def child(root: Path, mode: str, opts: argparse.Namespace) -> dict[str, Any]:
     argv = ["--mm-data", str(root / "feature_data.json"), "--mm-model", str(root / "pretrain_model.json"),
             "--lr", "1e-4", "--lr-decay-style", "constant", "--train-iters", str(10**6), "--log-interval", str(10**6),
             "--num-workers", "0", "--global-batch-size", "1", "--load", str(root / "base"), "--device", opts.device]  # fmt: skip
+    argv += list(extra)
     if mode == "lora":
         argv += [
             "--lora-r",
