@@ -10,7 +10,7 @@ import pytest
 from test_validate_support import assert_one, new_findings, run, sub
 
 from mm_agent.render import RenderRequest, render_job
-from mm_agent.validate.rules_lora import WAN_DIT_MODULES, WAN_MERGED_TARGETS
+from mm_agent.validate.rules_lora import WAN_DIT_MODULES, wan_merged_targets
 
 
 @pytest.fixture
@@ -152,4 +152,4 @@ def test_wan_module_names_match_upstream(version: str) -> None:
     converter = (tree / "checkpoint/sora_model/wan_converter.py").read_text(encoding="utf-8")
     listed = re.search(r"lora_target_modules = \[([^\]]*)\]", converter)
     assert listed is not None
-    assert sorted(re.findall(r'"([^"]+)"', listed.group(1))) == sorted(WAN_MERGED_TARGETS)
+    assert sorted(re.findall(r'"([^"]+)"', listed.group(1))) == sorted(wan_merged_targets())

@@ -22,13 +22,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
 from mm_agent.launchers import IMAGE_PLACEHOLDER, LAUNCHER_FILES, NPU_RESOURCE
 from mm_agent.validate.files import ConfigFile, read_text
 from mm_agent.validate.job import Job, is_file, to_int
-from mm_agent.validate.rules_ranktable import _launch_layout
+from mm_agent.validate.rules_ranktable import launch_layout
 
 CRD_DIR = Path(__file__).resolve().parent.parent / "registry" / "data" / "cluster"
 # (apiVersion, kind) -> the stored CRD file that defines it.
@@ -59,6 +58,8 @@ def schema_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
     """(field, message) for each place a cluster manifest breaks its CRD schema or a pod template breaks
     core/v1 PodTemplate. Raises ImportError when kubernetes-validate is missing (after the CRD check)."""
     crd = CRDS[(data.get("apiVersion"), data.get("kind"))]  # type: ignore[index]
+    import jsonschema  # 40 ms: only for a job that holds a manifest, never at server start-up
+
     validator = jsonschema.Draft7Validator(crd_schema(crd))
     problems = [(_dotted(e.absolute_path), e.message) for e in validator.iter_errors(data)]
     if problems:
@@ -107,7 +108,7 @@ def _layout(job: Job) -> tuple[Path | None, int | None, int | None]:
     is read from the training launch (as `rules_ranktable` does)."""
     for cfg in job.of_kind("job_yaml"):
         nnodes, npus = to_int(cfg.get("nnodes")), to_int(cfg.get("npus_per_node"))
-        launched = next((_launch_layout(x) for x in job.launches if x.is_training), (None, None))
+        launched = next((launch_layout(x) for x in job.launches if x.is_training), (None, None))
         return cfg.path.parent, nnodes or launched[0], npus or launched[1]
     return None, None, None
 

@@ -10,9 +10,9 @@ needs, the base checkpoint against the save folder, and the stock save/load swit
 
 from __future__ import annotations
 
+import functools
 import os
 
-from mm_agent.convert.mapping import load_mapping
 from mm_agent.validate.job import Job, Launch, to_int
 
 # Module paths PEFT can wrap in MindSpeed-MM's Wan DiT (mindspeed_mm/models/predictor/dits/wan_dit.py with
@@ -47,11 +47,20 @@ WAN_HOOK_NAMES = frozenset(p.rsplit(".", 1)[-1] for p in WAN_DIT_MODULES) | {
     "text_embedding",
     "head",
 }
+
+
 # checkpoint/sora_model/wan_converter.py `lora_target_modules` (kept as data in the converter's key map):
 # merge_lora_to_base merges adapters whose key contains one of these and drops every other adapter without a word.
-_lora_rules = load_mapping("WanConverter").lora
-assert _lora_rules is not None, "mappings/WanConverter.yaml has no lora section"
-WAN_MERGED_TARGETS = tuple(_lora_rules.target_modules)
+@functools.cache
+def wan_merged_targets() -> tuple[str, ...]:
+    """Read when a LoRA launch is judged, not when the validator (or the MCP server) starts."""
+    from mm_agent.convert.mapping import load_mapping
+
+    rules = load_mapping("WanConverter").lora
+    assert rules is not None, "mappings/WanConverter.yaml has no lora section"
+    return tuple(rules.target_modules)
+
+
 STOCK_SWITCHES = ("--no-load-optim", "--no-load-rng", "--no-save-optim", "--no-save-rng")
 
 
@@ -145,14 +154,15 @@ def _check_wan_targets(job: Job, launch: Launch, targets: list[str]) -> None:
             field="--lora-target-modules",
             line=line,
         )
-    dropped = [t for t in targets if any(not any(m in p for m in WAN_MERGED_TARGETS) for p in matched[t])]
+    merged = wan_merged_targets()
+    dropped = [t for t in targets if any(not any(m in p for m in merged) for p in matched[t])]
     if dropped:
         job.sink.warning(
             "lora.target_not_merged",
             file,
             f"--lora-target-modules {' '.join(dropped)}: WanConverter merge_lora_to_base merges only adapters on "
-            f"{', '.join(WAN_MERGED_TARGETS)}; these adapters train but are dropped when merging",
-            "target only " + " ".join(WAN_MERGED_TARGETS) + " to merge every adapter into the base",
+            f"{', '.join(merged)}; these adapters train but are dropped when merging",
+            "target only " + " ".join(merged) + " to merge every adapter into the base",
             field="--lora-target-modules",
             line=line,
         )

@@ -32,7 +32,7 @@ def _is_table(cfg: ConfigFile) -> bool:
     return named or (isinstance(cfg.data, dict) and "server_list" in cfg.data)
 
 
-def _launch_layout(launch: Launch) -> Layout:
+def launch_layout(launch: Launch) -> Layout:
     flags = launch.cmd.launcher_flags
     nproc = next(
         (to_int(flags[f][0]) for f in ("--nproc_per_node", "--nproc-per-node") if flags.get(f)), None
@@ -51,14 +51,14 @@ def _job_layout(job: Job) -> Layout:
         if nnodes is not None and npus is not None:
             return nnodes, npus
     for launch in job.launches:
-        if launch.is_training and None not in (layout := _launch_layout(launch)):
+        if launch.is_training and None not in (layout := launch_layout(launch)):
             return layout
     return None, None
 
 
 def _script_layout(job: Job, script: ScriptFile) -> Layout:
     for launch in job.launches:
-        if launch.script is script and launch.is_training and None not in (layout := _launch_layout(launch)):
+        if launch.script is script and launch.is_training and None not in (layout := launch_layout(launch)):
             return layout
     return _job_layout(job)
 
