@@ -104,6 +104,7 @@ def child(root: Path, mode: str, opts: argparse.Namespace, extra: tuple[str, ...
     module = getattr(torch, device.kind) if accel else None
     before = rss_bytes()
     trainer = Trainer(args, device, info)
+    built = rss_bytes()
     times = []
     for index in range(opts.warmup + opts.steps):
         started = time.perf_counter()
@@ -120,16 +121,17 @@ def child(root: Path, mode: str, opts: argparse.Namespace, extra: tuple[str, ...
         for t in state.values()
         if isinstance(t, torch.Tensor)
     )
-    peak = (
-        module.max_memory_allocated()
-        if module is not None
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    )
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = module.max_memory_allocated() if module is not None else peak_rss - before
     destroy()
     return {
         "mode": mode,
         "step_ms": 1000 * statistics.median(times),
         "peak_bytes": peak,
+        "rss_before": before,  # the process before the Trainer (interpreter, torch, runtime modules)
+        "rss_built": built,  # and once it is built (the model loaded, no step taken)
+        "peak_rss": peak_rss,
+        "weight_bytes": sum(p.numel() * p.element_size() for p in params),
         "params": sum(p.numel() for p in params),
         "trainable": sum(p.numel() for p in trainable),
         # parameters + gradients of the trainable ones + optimizer state

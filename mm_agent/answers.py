@@ -72,6 +72,8 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         lines.append(f"Why: {r.candidates[0].explanation}")  # (only here: the data leaves it out)
         best = r.candidates[0]
         launch = f" launcher={best.launcher}" if getattr(best, "launcher", None) else ""
+        if getattr(best, "fit", None):
+            lines.append(f"Memory: {best.fit}")
         lines.append(f"Next: install_deps model={best.model_id}, then render_job{launch} (dry run).")
     if len(r.candidates) > 5:
         lines.append(f"... {len(r.candidates) - 5} more candidates in the data.")
@@ -149,6 +151,8 @@ def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         f"{verb[r.status]} {len(r.files)} files for {r.model} {r.task} ({r.backend}, {r.size}, MindSpeed-MM "
         f"{r.mm_version}, runtime {r.runtime}) in {r.job_dir}."
     )
+    if r.fit:
+        text += f"\nmemory: {r.fit}"
     if r.status == "dry_run":
         text += "\nconfirm=true writes them"
         text += "." if detail else "; file texts: detail=true, or read mm-agent://jobs/<path> once written."

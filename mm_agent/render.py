@@ -16,18 +16,18 @@ from typing import Any, Literal
 
 import yaml
 from jinja2 import TemplateError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from mm_agent.errors import MMAgentError
+from mm_agent.estimate.plan import LayoutFit, cp_rule, fit_layout
+from mm_agent.estimate.schema import EstimateRequest
 from mm_agent.fields import PathText
+from mm_agent.jobfile import JOB_FILE, load_job_spec
 from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
 from mm_agent.jobwrite import write_job
 from mm_agent.launchers import LAUNCHER_FILES, launcher_steps, render_launcher
-from mm_agent.paths import confine, read_file, resolve, roots_of
+from mm_agent.paths import confine, resolve, roots_of
 from mm_agent.templating import jinja_environment, templates_dir
-
-JOB_FILE = "job.yaml"
-MAX_JOB_YAML = 256 * 1024  # a job.yaml is a few hundred bytes
 
 
 class RenderRequest(JobSpec):
@@ -60,6 +60,9 @@ class RenderResult(BaseModel):
     )
     files: list[RenderedFile]
     next_steps: list[str]
+    fit: str | None = Field(
+        default=None, description="memory verdict for the NPU count asked for (estimate_resources)"
+    )
 
 
 def _kind(path: str) -> Literal["shell", "json", "yaml", "text"]:
@@ -321,6 +324,9 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     # exclude_unset: the spec's model_fields_set is what the request gave, not every field at its default
     spec = JobSpec.model_validate(req.model_dump(include=set(JobSpec.model_fields), exclude_unset=True))
     job = resolve_job(spec, target, base=base, root=root)
+    fit = _fit(job)
+    if fit is not None and fit.cp != job.cp:
+        job = resolve_job(spec.model_copy(update={"cp": fit.cp}), target, base=base, root=root)
     files = render_files(job)
     status: str = "dry_run"
     backup: str | None = None
@@ -351,45 +357,28 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
             for rel, text in sorted(files.items())
         ],
         next_steps=_next_steps(job, files),
+        fit=fit.note if fit else None,
     )
 
 
-def spec_error(exc: ValidationError, file: str | None = None) -> MMAgentError:
-    """A JobSpec validation error as the user-facing error: the field, pydantic's reason, the fix."""
-    err = exc.errors()[0]
-    field = ".".join(map(str, err["loc"])) or None
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return MMAgentError(
-        message,
-        file=file,
-        field=field,
-        fix="correct the field (see `mm-agent render --help`)",
+def _fit(job: ResolvedJob) -> LayoutFit | None:
+    """For a device count other than the stock one: will it fit, and the CP that makes it fit when the
+    user set neither TP nor CP (MindSpeed-MM's Megatron DiT jobs, whose heads the CP must divide). The
+    stock count keeps the stock layout: it is MindSpeed-MM's own tested choice."""
+    par, spec = job.size.parallel, job.spec
+    if job.world_size == par.npus_per_node * par.nnodes:
+        return None
+    request = EstimateRequest(
+        model=job.entry.id, size=job.size.id, task=job.task.id, npus=job.world_size, tp=job.tp, cp=job.cp,
+        frames=spec.num_frames, height=spec.max_height, width=spec.max_width, text_len=spec.text_len,
+        recompute="full" if spec.recompute else "none", device="cpu" if spec.device == "cpu" else None,
+    )  # fmt: skip
+    if {"tp", "cp"} & spec.model_fields_set:  # the user's own layout: only the verdict
+        return fit_layout(request, runtime=job.runtime)
+    heads = job.size.arch.get("num_heads")
+    return fit_layout(
+        request, runtime=job.runtime, cp_ok=cp_rule(job.task.template, job.runtime, heads, job.tp)
     )
-
-
-def load_job_spec(path: Path, root: Path | None = None) -> JobSpec:
-    """Read a job.yaml back (for `render --from`, the launcher, the doctor); with `root`, the file must be
-    a regular file inside it (`paths.read_file`)."""
-    try:
-        raw = yaml.safe_load(read_file(path, root, field="job", limit=MAX_JOB_YAML).decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise MMAgentError(
-            f"cannot read job spec: {exc}", file=str(path), fix="pass the job.yaml of a rendered job"
-        ) from exc
-    except MMAgentError as exc:
-        raise MMAgentError(
-            f"cannot read job spec: {exc.message}",
-            file=str(path),
-            fix=exc.fix or "pass the job.yaml of a rendered job",
-        ) from None
-    if not isinstance(raw, dict):
-        raise MMAgentError(
-            "job spec is not a mapping of fields", file=str(path), fix="pass the job.yaml of a rendered job"
-        )
-    try:
-        return JobSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise spec_error(exc, str(path)) from exc
 
 
 _STAGE_OF_SCRIPT = {

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
 from mm_agent.errors import MMAgentError
+from mm_agent.jobfile import JOB_FILE
 from mm_agent.jobspec import Runtime
 from mm_agent.paths import confine, read_file
 from mm_agent.pipeline import PipelineStage
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ModelEntry
-from mm_agent.render import JOB_FILE
 from mm_agent.route import RouteRequest, route_model
 from mm_agent.skills.build import NAME_RE, SKILL_MD, skills_dir
 

@@ -25,6 +25,9 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.estimate.devices import load_devices
+from mm_agent.estimate.plan import cp_rule, fit_layout
+from mm_agent.estimate.schema import EstimateRequest
 from mm_agent.fields import REQUEST_CHARS, Name
 from mm_agent.jobspec import LAUNCHER_FILES, Launcher, Runtime, bundled_refusal
 from mm_agent.pipeline import PipelineStage, build_pipeline
@@ -164,6 +167,7 @@ class RouteCandidate(_Strict):
     launcher: Launcher | None = Field(
         default=None, description="render_job launcher for several nodes (named, else pdsh)"
     )
+    fit: str | None = Field(default=None, description="memory verdict for the NPU count asked for")
     runtime: Runtime = Field(description="which runtime `pipeline` is for")
     pipeline: list[PipelineStage] = Field(description="the 8 stages (the best candidate only, unless detail)")
 
@@ -829,6 +833,7 @@ def _candidate(
     if launcher is not None:
         why.append(f"started on every node by render_job launcher={launcher} ({LAUNCHER_FILES[launcher]})")
     why += p.notes
+    fit = _fit(entry, task, s.size, p, per_node * nodes, runtime) if pipeline else None
     conv = entry.converter
     return RouteCandidate(
         model_id=entry.id,
@@ -851,6 +856,7 @@ def _candidate(
         npus_per_node=per_node,
         nnodes=nodes,
         launcher=launcher,
+        fit=fit,
         runtime=runtime,
         pipeline=list(
             _pipeline(entry.id, task.id, task.backend, s.size.id, version, per_node, nodes, runtime)
@@ -858,6 +864,26 @@ def _candidate(
         if pipeline
         else [],
     )
+
+
+def _fit(
+    entry: ModelEntry, task: TaskSpec, size: SizeSpec, p: _Parse, npus: int, runtime: Runtime
+) -> str | None:
+    """The memory verdict (and the CP render_job will pick) when the request named a device count, on the
+    accelerator it named if devices.yaml knows it."""
+    if not (p.npus or p.npus_per_node or p.nodes):
+        return None
+    device = None
+    for name in p.hardware:
+        try:
+            device = load_devices().find(name).id
+            break
+        except MMAgentError:
+            continue  # hardware.yaml names servers devices.yaml has no figures for
+    req = EstimateRequest(model=entry.id, size=size.id, task=task.id, npus=npus, device=device)
+    cp_ok = cp_rule(task.template, runtime, size.arch.get("num_heads"), size.parallel.tp)
+    fit = fit_layout(req, runtime=runtime, cp_ok=cp_ok)
+    return fit.note if fit else None
 
 
 @functools.lru_cache(maxsize=512)

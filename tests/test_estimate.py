@@ -13,6 +13,7 @@ from mm_agent.cli import main
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate import EstimateRequest, EstimateResult, estimate_resources
 from mm_agent.estimate.devices import DEVICES_FILE, load_devices, load_devices_file
+from mm_agent.estimate.profiles import load_profiles
 from mm_agent.registry import get_registry
 from mm_agent.render import RenderRequest, render_job
 from mm_agent.server import build_server
@@ -78,17 +79,34 @@ def test_online_encoders_counted_only_without_feature_extraction() -> None:
     assert est(model="wan2.2", size="5b").breakdown["frozen_encoders"] > 5  # encodes online (FSDP2 backend)
 
 
-def test_a_device_that_trains_in_fp32_counts_fp32_bytes() -> None:
-    """The bundled runtime trains in fp32 on CPU (devices.yaml `precision`): 4 + 4 + 8 bytes per parameter
-    instead of 2 + 4 + 12, and activations twice bf16's."""
+def test_a_device_that_trains_in_fp32_gets_the_bundled_runtimes_profile() -> None:
+    """Only the bundled runtime trains on CPU, in fp32 (devices.yaml `precision`): its profile's 4 + 4 + 8
+    bytes per parameter instead of MindSpeed-MM's 2 + 4 + 12, and its own activations per token."""
     base = {"model": "wan2.1", "size": "1.3b", "npus": 1, "sharding": "none", "recompute": "none"}
     npu = estimate_resources(EstimateRequest(**base, device="910b"))
     cpu = estimate_resources(EstimateRequest(**base, device="cpu"))
+    assert (npu.runtime, cpu.runtime) == ("mindspeed-mm", "bundled")
     assert load_devices().find("cpu").precision == "fp32" and load_devices().find("910b").precision == "bf16"
     assert cpu.breakdown["weights"] == pytest.approx(2 * npu.breakdown["weights"], rel=0.01)
     assert cpu.breakdown["gradients"] == pytest.approx(npu.breakdown["gradients"], rel=0.01)
     assert cpu.breakdown["optimizer"] == pytest.approx(npu.breakdown["optimizer"] * 8 / 12, rel=0.01)
-    assert cpu.breakdown["activations"] == pytest.approx(2 * npu.breakdown["activations"], rel=0.01)
+    mindspeed, bundled = load_profiles().find("mindspeed-mm", "bf16"), load_profiles().find("bundled", "fp32")
+    h, f = 1536, 8960  # Wan2.1-1.3B: per token, MindSpeed-MM 27 h + 4 f bytes, the bundled runtime 88 h + 8 f
+    ratio = (bundled.per_hidden * h + bundled.per_ffn * f) / (
+        (mindspeed.per_hidden + mindspeed.cross_per_hidden) * h + mindspeed.per_ffn * f
+    )
+    assert cpu.breakdown["activations"] == pytest.approx(ratio * npu.breakdown["activations"], rel=0.02)
+
+
+def test_a_bundled_job_is_estimated_with_the_bundled_runtimes_profile(tmp_path: Path) -> None:
+    job = _render(tmp_path, model="wan2.1", task="t2v", size="1.3b", runtime="bundled", device="auto")
+    r = estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path)
+    assert (r.runtime, r.device) == ("bundled", "910b2")
+    assert (
+        r.breakdown["weight_casts"] > 0
+    )  # bf16 autocast keeps a copy of the fp32 weights; MindSpeed-MM does not
+    stock = estimate_resources(EstimateRequest(model="wan2.1", size="1.3b", task="t2v"))
+    assert stock.runtime == "mindspeed-mm" and "weight_casts" not in stock.breakdown
 
 
 def test_14b_full_finetune_on_one_npu_does_not_fit_and_says_how() -> None:
@@ -204,3 +222,42 @@ async def test_mcp_tool_answers_briefly_and_in_full(tmp_path: Path) -> None:
     assert "does NOT fit" in brief.content[0].text and "Best lever" in brief.content[0].text  # type: ignore[union-attr]
     assert (full.structured_content or {})["params_source"].startswith("registry arch")
     assert bad.is_error and "frames" in bad.content[0].text and "77 or 81" in bad.content[0].text  # type: ignore[union-attr]
+
+
+def test_render_picks_the_cp_that_makes_an_asked_device_count_fit(tmp_path: Path) -> None:
+    """Wan2.1-14B, 121 frames at 720p on 16 NPUs: 81.7 GB per NPU with the stock CP 1, so render_job
+    writes CP 2 (the 40 heads divide) and says why; the validator accepts the job."""
+    shape = {"model": "wan2.1", "task": "t2v", "size": "14b", "num_frames": 121, "max_height": 720,
+             "max_width": 1280}  # fmt: skip
+    req = RenderRequest.model_validate(
+        {"out_dir": str(tmp_path / "job"), "confirm": True, "npus_per_node": 16, **shape}
+    )
+    result = render_job(req, root=tmp_path)
+    assert result.fit is not None and result.fit.startswith("CP 2 so it fits 16 x 910b2"), result.fit
+    job = tmp_path / "job"
+    assert "CP=2\n" in (job / "pretrain.sh").read_text() and "cp: 2" in (job / "job.yaml").read_text()
+    report = validate_configs(ValidateRequest(paths=[str(job)]), root=tmp_path)
+    assert not [f for f in report.findings if f.severity == "error"], report.findings
+    estimate = estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path)
+    assert estimate.fits and estimate.cp == 2
+    # the user's own CP is kept (only the verdict), and the stock count keeps the stock layout
+    own = RenderRequest.model_validate({"out_dir": "own", "npus_per_node": 16, "cp": 1, **shape})
+    kept = render_job(own, root=tmp_path)
+    assert kept.fit is not None and kept.fit.startswith("does not fit 16 x 910b2")
+    assert any(f.content and "CP=1\n" in f.content for f in kept.files if f.path == "pretrain.sh")
+    stock = render_job(RenderRequest.model_validate({"out_dir": "stock", **shape}), root=tmp_path)
+    assert stock.fit is None
+
+
+def test_route_gives_the_memory_verdict_for_the_count_asked() -> None:
+    from mm_agent.route import RouteRequest, route_model
+
+    over = route_model(RouteRequest(request="fine-tune Wan2.1 14B text-to-video on 4 NPUs")).candidates[0]
+    assert (
+        over.fit is not None and over.fit.startswith("does not fit 4 x 910b2") and "best change" in over.fit
+    )
+    fits = route_model(RouteRequest(request="Wan2.1 14B LoRA on 2 NPUs")).candidates[0]
+    assert fits.task == "lora" and fits.fit is not None and fits.fit.startswith("fits 2 x 910b2")
+    assert route_model(RouteRequest(request="Wan2.1 14B text-to-video")).candidates[0].fit is None
+    bundled = route_model(RouteRequest(request="Wan2.1 1.3B text-to-video on 1 GPU", runtime="bundled"))
+    assert bundled.candidates[0].fit is not None

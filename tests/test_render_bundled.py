@@ -22,11 +22,12 @@ from pydantic import ValidationError
 
 from mm_agent.cli import main
 from mm_agent.errors import MMAgentError
+from mm_agent.jobfile import load_job_spec
 from mm_agent.jobspec import JobSpec
 from mm_agent.paths import allowed_roots
 from mm_agent.pipeline import build_pipeline
 from mm_agent.registry import get_registry
-from mm_agent.render import RenderRequest, RenderResult, load_job_spec, render_job, stage_scripts
+from mm_agent.render import RenderRequest, RenderResult, render_job, stage_scripts
 from mm_agent.route import RouteRequest, route_model
 from mm_agent.validate import ValidateRequest, validate_configs
 from mm_agent.validate.shell import LaunchCommand, parse_script

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from mm_agent.errors import MMAgentError
+from mm_agent.jobfile import load_job_spec
 from mm_agent.jobspec import GENERIC_TRAIN_DEFAULTS, TRAIN_FIELDS, JobSpec, resolve_job
 from mm_agent.registry import DATA_DIR, get_registry, load_models
-from mm_agent.render import RenderRequest, load_job_spec, render_job
+from mm_agent.render import RenderRequest, render_job
 from mm_agent.validate.shell import parse_script
 
 

@@ -15,8 +15,9 @@ from typing import Any, get_args, get_origin
 from pydantic import ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.jobfile import load_job_spec, spec_error
 from mm_agent.jobspec import JobSpec
-from mm_agent.render import RenderRequest, load_job_spec, render_job, spec_error
+from mm_agent.render import RenderRequest, render_job
 
 from .output import add_json_flag, console, print_json
 
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         result.status
     ]
     out.print(f"{verb} {len(result.files)} files in {result.job_dir}")
+    if result.fit:
+        out.print(f"memory: {result.fit}", markup=False)
     if result.backup_dir:
         out.print(f"previous job kept at {result.backup_dir}")
     if result.kept_outputs:

@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         layout = f"{c.nnodes} node(s) x {c.npus_per_node} NPUs"
         out.print(f"[bold]{i}. {c.model_id}[/bold] {c.task} on {c.backend}, size {c.size}, {layout}{avail}")
         out.print(f"   {c.explanation}")
+        if c.fit:
+            out.print(f"   memory: {c.fit}", markup=False)
         if i == 1:
             for stage in c.pipeline:
                 if stage.applies:

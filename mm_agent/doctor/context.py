@@ -121,7 +121,7 @@ class Context:
 
     @classmethod
     def build(cls, req: DoctorRequest, root: Path | None = None) -> Context:
-        from mm_agent.render import JOB_FILE, load_job_spec
+        from mm_agent.jobfile import JOB_FILE, load_job_spec
 
         reg = get_registry()
         base = (root or Path.cwd()).resolve()

@@ -11,6 +11,7 @@ from mm_agent.estimate.jobdir import request_from_job
 from mm_agent.estimate.levers import rank_levers
 from mm_agent.estimate.memory import Layout, breakdown
 from mm_agent.estimate.model import model_shape
+from mm_agent.estimate.profiles import Runtime, load_profiles
 from mm_agent.estimate.schema import EstimateRequest, EstimateResult, Sharding
 from mm_agent.estimate.tokens import count_tokens
 from mm_agent.registry import get_registry
@@ -23,10 +24,11 @@ MOE_NOTE = "MoE: expert parallelism is not modelled, every expert counts on each
 def estimate_resources(req: EstimateRequest, root: Path | None = None) -> EstimateResult:
     """Memory per device (itemised), step time and, when it does not fit or could fit better, the ranked
     changes with their own estimates. A job directory's job.yaml and scripts fill what the request leaves out."""
+    runtime: Runtime | None = None
     if req.job_dir:
-        req = request_from_job(req, root)
-    result = estimate_once(req)
-    result.levers = rank_levers(req, result, estimate_once)
+        req, runtime = request_from_job(req, root)
+    result = estimate_once(req, runtime)
+    result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, runtime))
     return result
 
 
@@ -67,13 +69,16 @@ def _sharding(task: TaskSpec, size: SizeSpec) -> Sharding:
     return "distributed-optimizer"
 
 
-def estimate_once(req: EstimateRequest) -> EstimateResult:
-    """One estimate of exactly the request (no levers)."""
+def estimate_once(req: EstimateRequest, runtime: Runtime | None = None) -> EstimateResult:
+    """One estimate of exactly the request (no levers), for MindSpeed-MM or mm-agent's bundled runtime
+    (default: the bundled one where the device trains in fp32, i.e. on CPU, else MindSpeed-MM)."""
     entry, size, task = _pick(req)
     shape = model_shape(entry, size)
     tokens = count_tokens(shape, req.frames, req.height, req.width, req.text_len)
     devices = load_devices()
     device = devices.find(req.device or devices.default)
+    runtime = runtime or ("bundled" if device.precision == "fp32" else "mindspeed-mm")
+    profile = load_profiles().find(runtime, device.precision)
     par = size.parallel
     stock_cp = size.arch.get("task_defaults", {}).get(task.id, {}).get("cp", par.cp)
     lay = Layout(
@@ -86,7 +91,7 @@ def estimate_once(req: EstimateRequest) -> EstimateResult:
         sharding=req.sharding or _sharding(task, size),
         lora=req.lora if req.lora is not None else task.id == "lora",
         online_encoders=shape.kind != "vlm" and task.feature_extraction is None,
-        fp32=device.precision == "fp32",
+        profile=profile,
     )
     split = lay.tp * lay.pp * lay.cp
     if lay.npus % split:
@@ -127,6 +132,7 @@ def estimate_once(req: EstimateRequest) -> EstimateResult:
         recompute=lay.recompute,
         sharding=lay.sharding,
         lora=lay.lora,
+        runtime=runtime,
         params_b=round((shape.main.params + (shape.vit.params if shape.vit else 0)) / 1e9, 2),
         active_params_b=round((shape.main.active + (shape.vit.active if shape.vit else 0)) / 1e9, 2),
         params_source=shape.source,

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from mm_agent.errors import MMAgentError
+from mm_agent.estimate.profiles import Runtime
 from mm_agent.estimate.schema import EstimateRequest
+from mm_agent.jobfile import JOB_FILE, load_job_spec
 from mm_agent.paths import read_file
-from mm_agent.render import JOB_FILE, load_job_spec
 
 MAX_CONFIG = 1024 * 1024
 _ASSIGN = re.compile(r"^(TP|CP|NPUS_PER_NODE)=(\d+)\s*$", re.MULTILINE)
@@ -53,7 +54,8 @@ def _data_shape(job_dir: Path, root: Path | None) -> dict[str, int]:
     return out
 
 
-def request_from_job(req: EstimateRequest, root: Path | None) -> EstimateRequest:
+def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateRequest, Runtime]:
+    """The request with the job's values filled in, and the runtime the job renders for."""
     job_dir = Path(req.job_dir or ".").expanduser()
     if root is not None and not job_dir.is_absolute():
         job_dir = root / job_dir
@@ -96,4 +98,5 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> EstimateRequest
     for key, value in _data_shape(job_dir, root).items():
         values[key] = values[key] or value
     given = req.model_dump(exclude_none=True, exclude={"job_dir"})
-    return EstimateRequest.model_validate({k: v for k, v in values.items() if v is not None} | given)
+    filled = EstimateRequest.model_validate({k: v for k, v in values.items() if v is not None} | given)
+    return filled, spec.runtime

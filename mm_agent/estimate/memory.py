@@ -1,15 +1,17 @@
 """Memory per device, itemised: weights, gradients, optimizer states, activations, frozen encoders, workspace.
 
-Mixed precision as Megatron keeps it: bf16 weights (2 bytes), fp32 main gradients (4), fp32 master copy and
-Adam m/v (12); on a device that trains in fp32 (the bundled runtime on CPU) 4 + 4 + 8 and 4-byte activations. Sharding divides them over the data parallel ranks (CP ranks included, as Megatron's groups do): the distributed optimizer only the optimizer
-states, LayerZero (ZeRO-3) and FSDP2 all three. Weights are split over TP and PP first.
-
-Activations follow Megatron's per-layer formula (Korthikanti et al., "Reducing Activation Recomputation in
-Large Transformer Models") with flash attention, so no s^2 score term: attention 11 sbh, two norms 4 sbh,
-MLP 3 sbh + 4 sbf (34 sbh for f = 4h); a DiT block adds cross-attention to the text (9 sbh + 4 s_text bh).
-With full recompute only every layer's input (2 sbh) is kept, plus one layer's full set during its backward.
-Sequence parallelism divides them by TP, Ulysses context parallelism by CP. Pipeline stages hold PP
-micro-batches in flight, so the first stage keeps as many layers' activations as the model has.
+The bytes come from the runtime's memory profile (`registry/data/memory_profiles.yaml`, `profiles.py`):
+MindSpeed-MM keeps bf16 weights, fp32 main gradients and an fp32 master copy with Adam m/v (2 + 4 + 12 bytes
+per parameter) and Megatron's per-layer activations with flash attention (Korthikanti et al., "Reducing
+Activation Recomputation in Large Transformer Models": no s^2 score term); the bundled runtime keeps fp32
+state (4 + 4 + 8) and the activations measured from its own blocks; under bf16 autocast it also keeps a bf16
+copy of every weight through the forward. A DiT block adds cross-attention to
+the text. With full recompute only every layer's input is kept, plus one layer's full set during its
+backward. Sharding divides the state over the data parallel ranks (CP ranks included, as Megatron's groups
+do): the distributed optimizer only the optimizer states, LayerZero (ZeRO-3) and FSDP2 all three. Weights
+are split over TP and PP first. Sequence parallelism divides activations by TP, Ulysses context parallelism
+by CP. Pipeline stages hold PP micro-batches in flight, so the first stage keeps as many layers'
+activations as the model has.
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mm_agent.estimate.model import ModelShape, Tower
+from mm_agent.estimate.profiles import MemoryProfile
 from mm_agent.estimate.schema import Recompute, Sharding
 from mm_agent.estimate.tokens import Tokens
 
 GB = 1024**3
-WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 4, 12
-# fp32 training (the bundled runtime on CPU): fp32 weights and gradients, Adam m/v, activations twice bf16's
-FP32_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}
+ENCODER_BYTES = 2  # frozen encoders loaded for online encoding are bf16
 LORA_RANK = 16
 
 
@@ -38,7 +39,7 @@ class Layout:
     sharding: Sharding
     lora: bool
     online_encoders: bool
-    fp32: bool = False  # the device trains in fp32 (devices.yaml precision)
+    profile: MemoryProfile  # the runtime's bytes per parameter and per token
 
     @property
     def dp(self) -> int:
@@ -50,19 +51,20 @@ def lora_params(tower: Tower) -> float:
     return tower.layers * LORA_RANK * (4 * 2 * tower.hidden + 2 * (tower.hidden + tower.ffn))
 
 
-def _layer_bytes(tower: Tower, seq: int, text: int, cross: bool, mbs: int) -> float:
+def layer_bytes(prof: MemoryProfile, tower: Tower, seq: int, text: int, cross: bool, mbs: int) -> float:
+    """Activation bytes one layer keeps for its backward (the profile's per-token coefficients)."""
     s, b, h, f = seq, mbs, tower.hidden, tower.ffn
-    full = s * b * (18 * h + 4 * f)
+    full = s * b * (prof.per_hidden * h + prof.per_ffn * f)
     if cross:
-        full += 9 * s * b * h + 4 * text * b * h
+        full += prof.cross_per_hidden * s * b * h + prof.per_text_hidden * text * b * h
     return float(full)
 
 
 def _activations(tower: Tower, seq: int, text: int, cross: bool, lay: Layout) -> float:
     split = lay.tp * lay.cp
-    layer = _layer_bytes(tower, seq, text, cross, lay.mbs) / split
+    layer = layer_bytes(lay.profile, tower, seq, text, cross, lay.mbs) / split
     if lay.recompute == "full":
-        return tower.layers * 2 * seq * lay.mbs * tower.hidden / split + layer
+        return tower.layers * lay.profile.kept_per_hidden * seq * lay.mbs * tower.hidden / split + layer
     return tower.layers * layer
 
 
@@ -76,24 +78,21 @@ def breakdown(shape: ModelShape, tokens: Tokens, lay: Layout, workspace_gb: floa
     shards = lay.dp * lay.cp  # Megatron shards over the data-parallel group with CP ranks included
     dp = shards if zero3 else 1
     opt_dp = shards if lay.sharding != "none" else 1
-    wb, gb, ob = (
-        (FP32_BYTES["weights"], FP32_BYTES["gradients"], FP32_BYTES["optimizer"])
-        if lay.fp32
-        else (WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES)
-    )
-    act = 2 if lay.fp32 else 1  # the activation formula counts 2-byte values
+    prof = lay.profile
     parts = {
-        "weights": wb * params / model_split / dp,
-        "gradients": gb * trainable / model_split / dp,
-        "optimizer": ob * trainable / model_split / opt_dp,
-        "activations": act * _activations(shape.main, tokens.seq, tokens.text, shape.cross_attention, lay),
+        "weights": prof.weight_bytes * params / model_split / dp,
+        "gradients": prof.grad_bytes * trainable / model_split / dp,
+        "optimizer": prof.optimizer_bytes * trainable / model_split / opt_dp,
+        "activations": _activations(shape.main, tokens.seq, tokens.text, shape.cross_attention, lay),
     }
+    if prof.cast_weight_bytes:  # autocast's cache holds every layer's copy until the forward ends
+        parts["weight_casts"] = prof.cast_weight_bytes * params / model_split
     if shape.vit is not None:
-        parts["vit_activations"] = act * _activations(shape.vit, tokens.vision, 0, False, lay)
+        parts["vit_activations"] = _activations(shape.vit, tokens.vision, 0, False, lay)
     if shape.vocab:
         parts["logits"] = 4.0 * tokens.seq * lay.mbs * shape.vocab / (lay.tp * lay.cp)
     if lay.online_encoders and shape.encoders:
-        parts["frozen_encoders"] = WEIGHT_BYTES * shape.encoders
+        parts["frozen_encoders"] = ENCODER_BYTES * shape.encoders
     out = {name: round(value / GB, 2) for name, value in parts.items()}
     out["workspace"] = round(workspace_gb, 2)
     return out

@@ -74,6 +74,7 @@ class EstimateResult(BaseModel):
     recompute: Recompute
     sharding: Sharding
     lora: bool
+    runtime: str = Field(description="whose memory profile: mindspeed-mm, or mm-agent's bundled runtime")
     params_b: float = Field(description="parameters of the trained model, billions (MoE: total)")
     active_params_b: float = Field(description="parameters each token passes through, billions")
     params_source: str = Field(

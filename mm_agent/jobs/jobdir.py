@@ -20,10 +20,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from mm_agent.errors import MMAgentError
+from mm_agent.jobfile import JOB_FILE, load_job_spec
 from mm_agent.jobs.schema import Runtime, Stage
 from mm_agent.jobspec import JobSpec, resolve_job
 from mm_agent.paths import confine, inside, read_file, resolve, where
-from mm_agent.render import JOB_FILE, load_job_spec, stage_scripts
+from mm_agent.render import stage_scripts
 from mm_agent.validate.shell import parse_script
 
 # `NAME=${NAME:-default}` (optionally exported or quoted): the script takes NAME from the environment first.

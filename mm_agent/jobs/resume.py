@@ -23,9 +23,9 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from mm_agent.errors import MMAgentError, os_error
+from mm_agent.jobfile import JOB_FILE
 from mm_agent.jobspec import DEFAULT_SEED, JobSpec
 from mm_agent.paths import open_dir, read_file
-from mm_agent.render import JOB_FILE
 from mm_agent.runs import utc_now
 
 TRACKER = "latest_checkpointed_iteration.txt"

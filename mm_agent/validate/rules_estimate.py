@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate import EstimateRequest, estimate_resources
 from mm_agent.estimate.core import MOE_NOTE
-from mm_agent.render import JOB_FILE
+from mm_agent.jobfile import JOB_FILE
 from mm_agent.validate.job import Job
 
 

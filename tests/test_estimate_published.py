@@ -1,0 +1,170 @@
+"""`estimate_resources` step times against the throughput MindSpeed-MM publishes for its own models.
+
+Source: the model table of MindSpeed-MM's top-level README, `$MM_UPSTREAM/MindSpeed-MM/v26.0.0/README.md`,
+table captioned "MindSpeed MM模型列表" (column "NPU性能": samples per second, SPS, of one cluster). The README is
+read and parsed at test time, so the published numbers stay upstream's and a new README is judged as it is.
+
+Only rows measured on one node of eight 910B NPUs ("1x8" without "(A3)", the estimator's default device) in SPS
+are compared, at npus=8: throughput = global_batch / step_seconds. The tolerance is ±25 % because the estimate
+is a FLOP count divided by one MFU constant per device (`mm_agent/registry/data/devices.yaml`), not a figure
+fitted per model: kernels, attention variants and input shapes move real MFU by that much between models.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from mm_agent.estimate import EstimateRequest, estimate_resources
+
+README = Path("MindSpeed-MM") / "v26.0.0" / "README.md"
+CAPTION = "MindSpeed MM模型列表"
+TOLERANCE = 0.25
+
+# README row (模型, 参数量, 任务) -> registry (model, size, task), for the rows of $MM_UPSTREAM/MindSpeed-MM/v26.0.0/
+# README.md, table "MindSpeed MM模型列表", that the estimator covers. 预训练 = pretrain, Lora微调 = LoRA fine-tune.
+# Left out: Wan2.1-I2V 14B Lora微调 (the registry's wan2.1 LoRA adapts the T2V DiT), and rows whose estimate is off
+# by more than the tolerance at the estimator's default input shape (OpenSora, OpenSoraPlan, CogVideoX, Lumina).
+COVERED: dict[tuple[str, str, str], tuple[str, str, str]] = {
+    ("Wan2.1-T2V", "1.3B", "预训练"): ("wan2.1", "1.3b", "t2v"),
+    ("Wan2.1-T2V", "1.3B", "Lora微调"): ("wan2.1", "1.3b", "lora"),
+    ("Wan2.1-T2V", "14B", "预训练"): ("wan2.1", "14b", "t2v"),
+    ("Wan2.1-T2V", "14B", "Lora微调"): ("wan2.1", "14b", "lora"),
+    ("Wan2.1-I2V", "1.3B", "预训练"): ("wan2.1", "1.3b", "i2v"),
+    ("Wan2.1-I2V", "14B", "预训练"): ("wan2.1", "14b", "i2v"),
+    ("HunyuanVideo-T2V", "13B", "预训练"): ("hunyuanvideo", "default", "t2v"),
+    ("HunyuanVideo-I2V", "13B", "预训练"): ("hunyuanvideo", "default", "i2v"),
+}
+WAN_ROWS = {key for key in COVERED if key[0].startswith("Wan2.1")}
+
+
+@dataclass(frozen=True)
+class Published:
+    """One row of the model table, with the model name a rowspan carries down already filled in."""
+
+    model: str
+    size: str
+    task: str
+    cluster: str
+    npu_perf: str
+
+    def sps_on_910b_1x8(self) -> float | None:
+        """The published samples per second when the row was measured on one 910B node of 8, else None."""
+        found = re.fullmatch(r"([0-9.]+)\s*\(SPS\)", self.npu_perf)
+        return float(found.group(1)) if self.cluster == "1x8" and found else None
+
+
+class _TableCells(HTMLParser):
+    """The rows of the table captioned CAPTION, each a list of (text, rowspan) cells, tags stripped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[tuple[str, int]]] = []
+        self._table: list[list[tuple[str, int]]] | None = None
+        self._caption: list[str] | None = None
+        self._cell: list[str] | None = None
+        self._rowspan = 1
+        self._found = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._table, self._found = [], False
+        elif tag == "caption":
+            self._caption = []
+        elif tag == "tr" and self._table is not None:
+            self._table.append([])
+        elif tag in ("td", "th") and self._table:
+            self._cell, self._rowspan = [], int(dict(attrs).get("rowspan") or 1)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "caption" and self._caption is not None:
+            self._found = "".join(self._caption).strip() == CAPTION
+            self._caption = None
+        elif tag in ("td", "th") and self._cell is not None and self._table:
+            self._table[-1].append((" ".join("".join(self._cell).split()), self._rowspan))
+            self._cell = None
+        elif tag == "table" and self._table is not None:
+            if self._found:
+                self.rows = self._table
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        for sink in (self._caption, self._cell):
+            if sink is not None:
+                sink.append(data)
+
+
+def parse_model_table(text: str) -> list[Published]:
+    """The README's model table as rows, a cell with rowspan="n" repeated into the n-1 rows below it; rows that
+    hold only a spanning category cell ("多模态生成") are dropped."""
+    parser = _TableCells()
+    parser.feed(text)
+    if not parser.rows:
+        return []
+    header = [cell for cell, _ in parser.rows[0]]
+    pending: dict[int, tuple[int, str]] = {}
+    rows: list[Published] = []
+    for cells in parser.rows[1:]:
+        grid: list[str] = []
+        queue = list(cells)
+        while queue or len(grid) in pending:
+            col = len(grid)
+            if col in pending:
+                left, value = pending.pop(col)
+                if left > 1:
+                    pending[col] = (left - 1, value)
+                grid.append(value)
+                continue
+            value, span = queue.pop(0)
+            if span > 1:
+                pending[col] = (span - 1, value)
+            grid.append(value)
+        if len(grid) == len(header):
+            row = dict(zip(header, grid, strict=True))
+            rows.append(Published(row["模型"], row["参数量"], row["任务"], row["集群"], row["NPU性能"]))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def published() -> dict[tuple[str, str, str], Published]:
+    """The README's rows measured on 1x8 910B in SPS, by (model, size, task); skips without the upstream tree."""
+    root = os.environ.get("MM_UPSTREAM")
+    if not root:
+        pytest.skip(
+            "MM_UPSTREAM is not set: point it at a folder holding MindSpeed-MM/v26.0.0/ "
+            "(e.g. MM_UPSTREAM=../shared/upstream, as .ci/run does) to compare estimates with published throughput"
+        )
+    path = Path(root).expanduser() / README
+    if not path.is_file():
+        pytest.skip(f"{path} is missing: MM_UPSTREAM must hold MindSpeed-MM/v26.0.0/README.md")
+    rows = parse_model_table(path.read_text(encoding="utf-8"))
+    return {(r.model, r.size, r.task): r for r in rows if r.sps_on_910b_1x8() is not None}
+
+
+def test_parser_finds_the_wan21_rows(published: dict[tuple[str, str, str], Published]) -> None:
+    missing = sorted(WAN_ROWS - published.keys())
+    assert not missing, f"{README} table {CAPTION!r}: no 1x8 SPS row for {missing}; found {sorted(published)}"
+
+
+@pytest.mark.parametrize("key", sorted(COVERED), ids=" ".join)
+def test_estimate_is_within_25_percent_of_published(
+    key: tuple[str, str, str], published: dict[tuple[str, str, str], Published]
+) -> None:
+    row = published.get(key)
+    assert row is not None, f"{README} table {CAPTION!r} has no 1x8 SPS row {key}"
+    figure = row.sps_on_910b_1x8()
+    assert figure
+    model, size, task = COVERED[key]
+    result = estimate_resources(EstimateRequest(model=model, size=size, task=task, npus=8))
+    assert result.step_seconds, f"{model} {size} {task}: no step time"
+    estimate = result.global_batch / result.step_seconds
+    ratio = estimate / figure
+    assert abs(ratio - 1) <= TOLERANCE, (
+        f"{row}: estimate {estimate:.3f} SPS ({model} {size} {task}, global batch {result.global_batch}, "
+        f"{result.step_seconds} s/step) vs published {figure} SPS, ratio {ratio:.2f} (allowed 1 ± {TOLERANCE})"
+    )
