@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 from test_validate_support import assert_one, new_findings, run, sub
 
+from mm_agent.errors import MMAgentError
 from mm_agent.render import RenderRequest, render_job
-from mm_agent.validate.rules_lora import WAN_DIT_MODULES, wan_merged_targets
+from mm_agent.validate.rules_lora import (
+    LORA_MODULES_FILE,
+    load_lora_modules_file,
+    wan_merged_targets,
+    wan_modules,
+)
 
 
 @pytest.fixture
@@ -145,7 +151,7 @@ def test_wan_module_names_match_upstream(version: str) -> None:
             "common/embeddings/text_embeddings.py",
         )
     )
-    for path in WAN_DIT_MODULES:
+    for path in (*wan_modules().modules, *wan_modules().hook_names):
         named = [part for part in path.split(".") if not part.isdigit()]
         for name in named:
             assert re.search(rf"self\.{name} = ", source), f"{name} ({path}) is not a module in {version}"
@@ -153,3 +159,13 @@ def test_wan_module_names_match_upstream(version: str) -> None:
     listed = re.search(r"lora_target_modules = \[([^\]]*)\]", converter)
     assert listed is not None
     assert sorted(re.findall(r'"([^"]+)"', listed.group(1))) == sorted(wan_merged_targets())
+
+
+def test_lora_modules_file_is_checked(tmp_path: Path) -> None:
+    broken = tmp_path / "lora_modules.yaml"
+    broken.write_text(
+        LORA_MODULES_FILE.read_text(encoding="utf-8").replace("    modules:", "    module_list:")
+    )
+    with pytest.raises(MMAgentError) as err:
+        load_lora_modules_file(broken)
+    assert err.value.file and err.value.file.endswith("lora_modules.yaml") and "module" in str(err.value)

@@ -12,41 +12,47 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mm_agent.registry import DATA_DIR, read_yaml, validation_error
 from mm_agent.validate.job import Job, Launch, to_int
 
-# Module paths PEFT can wrap in MindSpeed-MM's Wan DiT (mindspeed_mm/models/predictor/dits/wan_dit.py with
-# common/attention.py and common/embeddings/text_embeddings.py): linear layers and the patch conv, one
-# block shown. A target names a module when it equals one of these or is a dotted suffix of one (PEFT).
-WAN_DIT_MODULES = (
-    "time_embedding.0",
-    "time_embedding.2",
-    "time_projection.1",
-    "text_embedding.linear_1",
-    "text_embedding.linear_2",
-    "img_emb.proj.1",
-    "img_emb.proj.3",
-    "patch_embedding",
-    "blocks.0.self_attn.proj_q",
-    "blocks.0.self_attn.proj_k",
-    "blocks.0.self_attn.proj_v",
-    "blocks.0.self_attn.proj_out",
-    "blocks.0.cross_attn.proj_q",
-    "blocks.0.cross_attn.proj_k",
-    "blocks.0.cross_attn.proj_v",
-    "blocks.0.cross_attn.proj_out",
-    "blocks.0.cross_attn.k_img",
-    "blocks.0.cross_attn.v_img",
-    "blocks.0.ffn.0",
-    "blocks.0.ffn.2",
-    "head.head",
-)
-# Names the forward hook may take (`--lora-register-forward-hook`: the last part of a predictor module name).
-WAN_HOOK_NAMES = frozenset(p.rsplit(".", 1)[-1] for p in WAN_DIT_MODULES) | {
-    "blocks",
-    "text_embedding",
-    "head",
-}
+LORA_MODULES_FILE = DATA_DIR / "lora_modules.yaml"
+
+
+class PredictorModules(BaseModel):
+    """What PEFT can wrap in one predictor, and what the forward hook may name (registry/data/lora_modules.yaml)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(min_length=10)
+    modules: tuple[str, ...] = Field(min_length=1)
+    hook_names: tuple[str, ...] = ()
+
+    @property
+    def hooks(self) -> frozenset[str]:
+        return frozenset(p.rsplit(".", 1)[-1] for p in self.modules) | set(self.hook_names)
+
+
+class LoraModules(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    predictors: dict[str, PredictorModules]
+
+
+def load_lora_modules_file(path: Path) -> LoraModules:
+    try:
+        return LoraModules.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise validation_error(path, exc, schema="mm_agent/validate/rules_lora.py") from exc
+
+
+@functools.cache
+def wan_modules() -> PredictorModules:
+    """The Wan DiT's entry, read when a LoRA launch is judged."""
+    return load_lora_modules_file(LORA_MODULES_FILE).predictors["wandit"]
 
 
 # checkpoint/sora_model/wan_converter.py `lora_target_modules` (kept as data in the converter's key map):
@@ -140,10 +146,11 @@ def _check_rank(job: Job, launch: Launch) -> None:
 
 def _check_wan_targets(job: Job, launch: Launch, targets: list[str]) -> None:
     file, _, line = launch.where("--lora-target-modules")
-    matched = {t: [p for p in WAN_DIT_MODULES if p == t or p.endswith("." + t)] for t in targets}
+    modules = wan_modules().modules
+    matched = {t: [p for p in modules if p == t or p.endswith("." + t)] for t in targets}
     unknown = [t for t in targets if not matched[t]]
     if unknown:
-        names = sorted({p.split("blocks.0.", 1)[-1] for p in WAN_DIT_MODULES})
+        names = sorted({p.split("blocks.0.", 1)[-1] for p in modules})
         job.sink.error(
             "lora.target_unknown",
             file,
@@ -174,7 +181,7 @@ def _check_wan_hook(job: Job, launch: Launch) -> None:
     if launch.value("--recompute-granularity") != "full":
         return
     hooks = [h for h in launch.flags.get("--lora-register-forward-hook", []) if h]
-    if any(h in WAN_HOOK_NAMES for h in hooks):
+    if any(h in wan_modules().hooks for h in hooks):
         return
     file, _, line = launch.where("--lora-register-forward-hook")
     job.sink.error(
