@@ -94,7 +94,8 @@ def estimate(frames: int, size: int, recompute: str, opts: argparse.Namespace) -
             "text_dim": 256, "freq_dim": 256, "in_dim": 16, "out_dim": 16, "patch_size": [1, 2, 2]}  # fmt: skip
     shape = ModelShape(
         kind="video", main=wan_tower(arch), vit=None, cross_attention=True, vocab=0, encoders=0.0,
-        vae_stride=(VAE_T, 8, 8), patch=(1, 2, 2), default_text_len=64, source="benchmark arch",
+        vae_stride=(VAE_T, 8, 8), patch=(1, 2, 2), default_text_len=64, frame_chunk=None, stock_shape=None,
+        source="benchmark arch",
     )  # fmt: skip
     precision = "bf16" if opts.bf16 and opts.device != "cpu" else "fp32"  # the CPU never autocasts
     tokens = count_tokens(shape, frames, size, size, 64)

@@ -4,6 +4,7 @@ and levers, the device table, the CLI and MCP faces, bad input, and the validati
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,43 @@ def test_route_gives_the_memory_verdict_for_the_count_asked() -> None:
     assert route_model(RouteRequest(request="Wan2.1 14B text-to-video")).candidates[0].fit is None
     bundled = route_model(RouteRequest(request="Wan2.1 1.3B text-to-video on 1 GPU", runtime="bundled"))
     assert bundled.candidates[0].fit is not None
+
+
+def test_stock_layouts_shard_as_their_configs_say() -> None:
+    """MindSpeed-MM's DeepSpeed examples run ZeRO stage 2 (bf16_accelerate_config.yaml `zero_stage: 2`), Open-Sora
+    2.0 ships a LayerZero config: with those, their stock 8-NPU jobs fit a 64 GB NPU; CP is offered only to
+    Megatron jobs."""
+    for model in ("flux", "sd3"):
+        r = est(model=model)
+        assert (r.sharding, r.fits) == ("zero2", True), (model, r.per_device_gb)
+        assert not any("context parallel" in lever.change for lever in r.levers)
+        replicated = est(model=model, sharding="distributed-optimizer")
+        assert replicated.breakdown["gradients"] == pytest.approx(8 * r.breakdown["gradients"], rel=0.02)
+    sora = est(model="opensora2.0")
+    assert (sora.sharding, sora.fits) == ("layerzero", True)
+
+
+def test_job_dir_reads_the_deepspeed_stage(tmp_path: Path) -> None:
+    job = _render(tmp_path, model="flux", task="t2i")
+    assert estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path).sharding == "zero2"
+    config = job / "accelerate_config.yaml"
+    config.write_text(config.read_text().replace("zero_stage: 2", "zero_stage: 3"))
+    assert estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path).sharding == "zero3"
+
+
+def test_a_wrapped_stock_script_is_read_from_the_checkout(tmp_path: Path) -> None:
+    """The `custom` template runs MindSpeed-MM's own script: Wan2.1-14B DPO (14b/i2v/posttrain.sh) trains with
+    PP 8, which only that script says; read from the job's MindSpeed-MM checkout, it fits."""
+    upstream = os.environ.get("MM_UPSTREAM")
+    tree = Path(upstream or "/nonexistent") / "MindSpeed-MM" / "v26.0.0"
+    if not (tree / "examples/wan2.1/14b/i2v/posttrain.sh").is_file():
+        pytest.skip("MM_UPSTREAM (MindSpeed-MM v26.0.0 source) is not available")
+    job = tmp_path / "job"
+    req = RenderRequest(
+        out_dir=str(job), confirm=True, model="wan2.1", task="dpo", size="14b", mm_root=str(tree)
+    )
+    assert render_job(req).status == "written"  # the CLI's view: no workspace, the checkout where it lies
+    r = estimate_resources(EstimateRequest(job_dir=str(job)))
+    assert (r.pp, r.sharding, r.fits) == (8, "distributed-optimizer", True), r.per_device_gb
+    without = _render(tmp_path / "bare", model="wan2.1", task="dpo", size="14b")
+    assert estimate_resources(EstimateRequest(job_dir=str(without)), root=tmp_path / "bare").pp == 1

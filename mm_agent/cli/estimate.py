@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from mm_agent.estimate import EstimateRequest, EstimateResult, estimate_resources
+from mm_agent.estimate.schema import Sharding
 
 from .output import add_json_flag, console, option_error, print_json
 
@@ -35,7 +36,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--recompute", choices=["full", "none"], help="activation recompute (default full)")
     p.add_argument(
         "--sharding",
-        choices=["none", "distributed-optimizer", "layerzero", "fsdp2"],
+        choices=list(get_args(Sharding)),
         help="what is sharded over data parallel ranks (default: the stock layout's)",
     )
     p.add_argument(

@@ -25,10 +25,12 @@ def estimate_resources(req: EstimateRequest, root: Path | None = None) -> Estima
     """Memory per device (itemised), step time and, when it does not fit or could fit better, the ranked
     changes with their own estimates. A job directory's job.yaml and scripts fill what the request leaves out."""
     runtime: Runtime | None = None
+    pp: int | None = None
     if req.job_dir:
-        req, runtime = request_from_job(req, root)
-    result = estimate_once(req, runtime)
-    result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, runtime))
+        req, facts = request_from_job(req, root)
+        runtime, pp = facts.runtime, facts.pp
+    result = estimate_once(req, runtime, pp)
+    result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, runtime, pp))
     return result
 
 
@@ -61,17 +63,26 @@ def _pick(req: EstimateRequest) -> tuple[ModelEntry, SizeSpec, TaskSpec]:
 
 
 def _sharding(task: TaskSpec, size: SizeSpec) -> Sharding:
-    """The stock layout's: FSDP2 backends shard everything, Wan-14B's LayerZero tasks too, Megatron the optimizer."""
+    """The stock layout's: FSDP2 backends shard everything, so do the Megatron jobs that ship a LayerZero
+    config (Wan-14B's listed tasks, Open-Sora 2.0); MindSpeed-MM's DeepSpeed examples all run ZeRO stage 2
+    (their accelerate/DeepSpeed configs); other Megatron jobs shard the optimizer."""
     if "fsdp2" in task.backend or task.template == "transformers_fsdp2":
         return "fsdp2"
-    if task.id in size.arch.get("layerzero_tasks", []) and task.backend == "megatron":
+    if task.backend == "megatron" and (
+        task.id in size.arch.get("layerzero_tasks", []) or "layerzero" in size.config_files
+    ):
         return "layerzero"
+    if "deepspeed" in task.backend:
+        return "zero2"
     return "distributed-optimizer"
 
 
-def estimate_once(req: EstimateRequest, runtime: Runtime | None = None) -> EstimateResult:
+def estimate_once(
+    req: EstimateRequest, runtime: Runtime | None = None, pp: int | None = None
+) -> EstimateResult:
     """One estimate of exactly the request (no levers), for MindSpeed-MM or mm-agent's bundled runtime
-    (default: the bundled one where the device trains in fp32, i.e. on CPU, else MindSpeed-MM)."""
+    (default: the bundled one where the device trains in fp32, i.e. on CPU, else MindSpeed-MM); `pp`: a
+    job's own pipeline size where it differs from the size's stock one."""
     entry, size, task = _pick(req)
     shape = model_shape(entry, size)
     tokens = count_tokens(shape, req.frames, req.height, req.width, req.text_len)
@@ -84,7 +95,7 @@ def estimate_once(req: EstimateRequest, runtime: Runtime | None = None) -> Estim
     lay = Layout(
         npus=req.npus or par.npus_per_node * par.nnodes,
         tp=req.tp or par.tp,
-        pp=par.pp,
+        pp=pp or par.pp,
         cp=req.cp or int(stock_cp),
         mbs=par.mbs,
         recompute=req.recompute or "full",
@@ -108,6 +119,10 @@ def estimate_once(req: EstimateRequest, runtime: Runtime | None = None) -> Estim
     notes = [f"{device.name}: {device.memory_gb:g} GB, {device.bf16_tflops:g} bf16 TFLOPS x MFU {device.mfu}"]
     if shape.main.active < shape.main.params and "derived" in shape.source:
         notes.append(MOE_NOTE)
+    if shape.stock_shape and not (req.frames or req.height or req.width):
+        notes.append(
+            f"input {tokens.frames}x{tokens.height}x{tokens.width}: the stock {shape.stock_shape.origin}"
+        )
     if not lay.online_encoders and shape.kind != "vlm":
         notes.append("VAE and text encoder not counted: this task trains on pre-extracted features")
     return EstimateResult(

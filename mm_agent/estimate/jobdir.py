@@ -6,27 +6,46 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate.profiles import Runtime
-from mm_agent.estimate.schema import EstimateRequest
+from mm_agent.estimate.schema import EstimateRequest, Sharding
 from mm_agent.jobfile import JOB_FILE, load_job_spec
+from mm_agent.jobspec import JobSpec
 from mm_agent.paths import read_file
+from mm_agent.registry import get_registry
 
 MAX_CONFIG = 1024 * 1024
-_ASSIGN = re.compile(r"^(TP|CP|NPUS_PER_NODE)=(\d+)\s*$", re.MULTILINE)
+_MM_ROOT = re.compile(r"^MM_ROOT_DEFAULT=(.+)$", re.MULTILINE)  # templates/_common/header.sh.j2
+_ASSIGN = re.compile(r"^(TP|PP|CP|NPUS_PER_NODE)=(\d+)\s*$", re.MULTILINE)
 _SHAPE_KEYS = {"num_frames": "frames", "max_height": "height", "max_width": "width"}
+_ZERO_STAGE = re.compile(r"^\s*zero_stage:\s*(\d)\s*$", re.MULTILINE)  # accelerate's deepspeed_config
+_DS_STAGE = re.compile(r'"stage"\s*:\s*(\d)')  # a DeepSpeed JSON's zero_optimization.stage
+_BY_STAGE: dict[int, Sharding] = {1: "distributed-optimizer", 2: "zero2", 3: "zero3"}
 
 
-def _scripts(job_dir: Path, root: Path | None) -> str:
-    """The training launch script's text (the one with --train-iters), or ''."""
+def _scripts(job_dir: Path, root: Path | None, spec: JobSpec) -> str:
+    """The training launch script's text (the one with --train-iters), or ''. A job that wraps MindSpeed-MM's
+    stock script (the `custom` template) holds no flags of its own: then the stock script in the job's
+    MindSpeed-MM checkout is read, when it is there and inside the roots."""
+    wrappers = []
     for path in sorted(p for p in job_dir.glob("*.sh") if not p.name.startswith("inference")):
         text = read_file(path, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
         if "--train-iters" in text:
             return text
-    return ""
+        wrappers += _MM_ROOT.findall(text)
+    task = next((t for t in get_registry().get(spec.model).tasks if t.id == spec.task), None)
+    if not wrappers or task is None or not task.example_script:
+        return ""
+    try:
+        stock = Path(shlex.split(wrappers[0])[0]) / task.example_script
+        return read_file(stock, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
+    except (MMAgentError, ValueError, IndexError):
+        return ""  # no checkout here (or outside the roots): the stock layout from the registry
 
 
 def _find_shape(value: Any, out: dict[str, int]) -> None:
@@ -54,8 +73,29 @@ def _data_shape(job_dir: Path, root: Path | None) -> dict[str, int]:
     return out
 
 
-def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateRequest, Runtime]:
-    """The request with the job's values filled in, and the runtime the job renders for."""
+def _deepspeed_sharding(job_dir: Path, root: Path | None) -> Sharding | None:
+    """The ZeRO stage of an accelerate + DeepSpeed job (its DeepSpeed JSON wins over accelerate's config)."""
+    for name, pattern in (("ds_config.json", _DS_STAGE), ("accelerate_config.yaml", _ZERO_STAGE)):
+        path = job_dir / name
+        if path.is_file():
+            found = pattern.search(
+                read_file(path, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
+            )
+            if found and int(found.group(1)) in _BY_STAGE:
+                return _BY_STAGE[int(found.group(1))]
+    return None
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What a job fixes beyond the request's fields: the runtime it renders for, its pipeline stages."""
+
+    runtime: Runtime
+    pp: int | None
+
+
+def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateRequest, JobFacts]:
+    """The request with the job's values filled in, and the facts only the job knows."""
     job_dir = Path(req.job_dir or ".").expanduser()
     if root is not None and not job_dir.is_absolute():
         job_dir = root / job_dir
@@ -64,7 +104,7 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
             f"{job_dir} holds no {JOB_FILE}", field="job_dir", fix="pass a directory written by render_job"
         )
     spec = load_job_spec(job_dir / JOB_FILE, root)
-    script = _scripts(job_dir, root)
+    script = _scripts(job_dir, root, spec)
     values: dict[str, Any] = {
         "model": spec.model,
         "size": spec.size,
@@ -95,8 +135,9 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
             values["sharding"] = "fsdp2"
         elif "--use-distributed-optimizer" in script:
             values["sharding"] = "distributed-optimizer"
+    values["sharding"] = _deepspeed_sharding(job_dir, root) or values.get("sharding")
     for key, value in _data_shape(job_dir, root).items():
         values[key] = values[key] or value
     given = req.model_dump(exclude_none=True, exclude={"job_dir"})
     filled = EstimateRequest.model_validate({k: v for k, v in values.items() if v is not None} | given)
-    return filled, spec.runtime
+    return filled, JobFacts(runtime=spec.runtime, pp=spec.pp or assigned.get("PP"))

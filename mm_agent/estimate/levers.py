@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mm_agent.errors import MMAgentError
-from mm_agent.estimate.schema import EstimateRequest, EstimateResult, Lever
+from mm_agent.estimate.schema import FULL_SHARDING, EstimateRequest, EstimateResult, Lever
 
 SHARD_NPUS = 8  # one node: where sharding over data parallel ranks starts to pay
 
@@ -20,11 +20,11 @@ def _candidates(req: EstimateRequest, cur: EstimateResult) -> list[tuple[str, di
     out: list[tuple[str, dict[str, Any]]] = []
     if cur.recompute == "none":
         out.append(("full activation recompute (--recompute full)", {"recompute": "full"}))
-    for cp in (2, 4):
-        if cur.cp < cp and cur.npus % (cur.tp * cur.pp * cp) == 0:
+    for cp in (2, 4):  # Ulysses CP: MindSpeed-MM's Megatron jobs
+        if "megatron" in cur.backend and cur.cp < cp and cur.npus % (cur.tp * cur.pp * cp) == 0:
             out.append((f"context parallel {cp} (Ulysses; --cp {cp})", {"cp": cp}))
-    if cur.sharding not in ("layerzero", "fsdp2"):
-        name = "fsdp2" if "fsdp2" in cur.backend else "layerzero"
+    if cur.sharding not in FULL_SHARDING:
+        name = "fsdp2" if "fsdp2" in cur.backend else "zero3" if "deepspeed" in cur.backend else "layerzero"
         npus = max(cur.npus, SHARD_NPUS)
         on = "" if npus == cur.npus else f" on {npus} NPUs"
         out.append(

@@ -8,7 +8,8 @@ state (4 + 4 + 8) and the activations measured from its own blocks; under bf16 a
 copy of every weight through the forward. A DiT block adds cross-attention to
 the text. With full recompute only every layer's input is kept, plus one layer's full set during its
 backward. Sharding divides the state over the data parallel ranks (CP ranks included, as Megatron's groups
-do): the distributed optimizer only the optimizer states, LayerZero (ZeRO-3) and FSDP2 all three. Weights
+do): the distributed optimizer only the optimizer states, DeepSpeed ZeRO-2 also the gradients, ZeRO-3,
+LayerZero and FSDP2 all three. Weights
 are split over TP and PP first. Sequence parallelism divides activations by TP, Ulysses context parallelism
 by CP. Pipeline stages hold PP micro-batches in flight, so the first stage keeps as many layers'
 activations as the model has.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from mm_agent.estimate.model import ModelShape, Tower
 from mm_agent.estimate.profiles import MemoryProfile
-from mm_agent.estimate.schema import Recompute, Sharding
+from mm_agent.estimate.schema import FULL_SHARDING, Recompute, Sharding
 from mm_agent.estimate.tokens import Tokens
 
 GB = 1024**3
@@ -74,14 +75,14 @@ def breakdown(shape: ModelShape, tokens: Tokens, lay: Layout, workspace_gb: floa
     params = sum(t.params for t in towers)
     trainable = sum(lora_params(t) for t in towers) if lay.lora else params
     model_split = lay.tp * lay.pp
-    zero3 = lay.sharding in ("layerzero", "fsdp2")
     shards = lay.dp * lay.cp  # Megatron shards over the data-parallel group with CP ranks included
-    dp = shards if zero3 else 1
+    dp = shards if lay.sharding in FULL_SHARDING else 1
+    grad_dp = shards if lay.sharding in ("zero2", *FULL_SHARDING) else 1
     opt_dp = shards if lay.sharding != "none" else 1
     prof = lay.profile
     parts = {
         "weights": prof.weight_bytes * params / model_split / dp,
-        "gradients": prof.grad_bytes * trainable / model_split / dp,
+        "gradients": prof.grad_bytes * trainable / model_split / grad_dp,
         "optimizer": prof.optimizer_bytes * trainable / model_split / opt_dp,
         "activations": _activations(shape.main, tokens.seq, tokens.text, shape.cross_attention, lay),
     }

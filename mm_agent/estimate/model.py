@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mm_agent.errors import MMAgentError
 from mm_agent.registry import read_yaml, validation_error
@@ -28,6 +28,18 @@ _COUNT = re.compile(r"(?<![a-z0-9.])(a?)(\d+(?:\.\d+)?)([bm])(?![a-z0-9])")
 _ACTIVE = re.compile(r"-a(\d+(?:\.\d+)?)b(?![a-z0-9])")
 
 
+class StockShape(BaseModel):
+    """The input shape MindSpeed-MM's stock training data config uses, and that config's path (under
+    MindSpeed-MM/v26.0.0/), so a test can read the number back from upstream."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    frames: int = Field(ge=1)
+    height: int = Field(ge=16)
+    width: int = Field(ge=16)
+    origin: str = Field(alias="from", min_length=5)
+
+
 class ShapeData(BaseModel):
     """What shapes.yaml says about one model (see the file's header)."""
 
@@ -36,11 +48,30 @@ class ShapeData(BaseModel):
     kind: Kind
     params_b: float | None = Field(default=None, gt=0)
     active_b: float | None = Field(default=None, gt=0)
+    layers: int | None = Field(default=None, gt=0, description="layers of the released model params_b counts")
     vae_stride: list[int] = Field(default=[4, 8, 8], min_length=3, max_length=3)
     patch: list[int] = Field(default=[1, 2, 2], min_length=3, max_length=3)
     stride_by_size: dict[str, list[int]] = Field(default_factory=dict)
+    # a VAE that encodes fixed chunks of frames instead of 1 + stride x n: [frames per chunk, latents per chunk]
+    frame_chunk: tuple[int, int] | None = None
     encoders_b: float = Field(default=0, ge=0)
+    stock_shape: StockShape | None = None
+    stock_shape_by_size: dict[str, StockShape] = Field(default_factory=dict)
     source: str = Field(min_length=5)
+
+    @model_validator(mode="after")
+    def _stock_fits_kind(self) -> ShapeData:
+        """A VLM's input is text plus images of any size (no stock shape); an image model's is one frame."""
+        shapes = [s for s in (self.stock_shape, *self.stock_shape_by_size.values()) if s is not None]
+        if shapes and self.kind == "vlm":
+            raise ValueError("a vlm takes no stock_shape")
+        if self.kind == "image" and any(s.frames != 1 for s in shapes):
+            raise ValueError("an image model's stock_shape has frames: 1")
+        return self
+
+    def stock_for(self, size_id: str) -> StockShape | None:
+        """The size's own stock shape where its example trains on another one, else the model's."""
+        return self.stock_shape_by_size.get(size_id, self.stock_shape)
 
 
 class ShapeTable(BaseModel):
@@ -79,6 +110,9 @@ class ModelShape:
     vae_stride: tuple[int, int, int]
     patch: tuple[int, int, int]
     default_text_len: int
+    frame_chunk: tuple[int, int] | None  # shapes.yaml frame_chunk
+    # the input a request without frames/height/width gets (None: tokens.py's DEFAULT_SHAPE)
+    stock_shape: StockShape | None
     source: str
 
 
@@ -158,8 +192,10 @@ def model_shape(entry: ModelEntry, size: SizeSpec) -> ModelShape:
         vocab=vocab,
         encoders=(data.encoders_b if data else 0) * 1e9,
         vae_stride=(stride[0], stride[1], stride[2]),
+        frame_chunk=data.frame_chunk if data else None,
         patch=(patch[0], patch[1], patch[2]),
         default_text_len=int(arch.get("text_len", 512 if kind != "vlm" else 1024)),
+        stock_shape=data.stock_for(size.id) if data else None,
         source=source,
     )
 
@@ -186,4 +222,9 @@ def _counted(entry: ModelEntry, size: SizeSpec, data: ShapeData | None, experts:
     total = billions * (experts if per_expert else 1) * 1e9
     active_b = _active_in(size.hf_ids) or (data.active_b if data else None)
     active = billions * 1e9 if per_expert else (active_b * 1e9 if active_b else total)
+    trained = size.arch.get("num_layers")
+    if data is not None and data.layers and isinstance(trained, int) and trained < data.layers:
+        share = trained / data.layers  # the stock model config builds only the first `trained` layers
+        total, active = total * share, active * share
+        source += f"; the stock config builds {trained} of its {data.layers} layers"
     return _derived(total, active), source + "; layers and width derived (width = 128 x layers)"

@@ -9,7 +9,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Recompute = Literal["full", "none"]
-Sharding = Literal["none", "distributed-optimizer", "layerzero", "fsdp2"]
+# what is sharded over the data-parallel ranks: distributed-optimizer (ZeRO-1) the optimizer states, zero2 also the
+# gradients (DeepSpeed stage 2), zero3 / layerzero / fsdp2 the weights too (DeepSpeed, MindSpeed, torch)
+Sharding = Literal["none", "distributed-optimizer", "zero2", "zero3", "layerzero", "fsdp2"]
+FULL_SHARDING = ("zero3", "layerzero", "fsdp2")
 
 
 class EstimateRequest(BaseModel):

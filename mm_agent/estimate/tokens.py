@@ -1,8 +1,11 @@
 """Input shape -> tokens: what the DiT or the LLM attends over, per sample.
 
 Video: frames and pixels through the VAE stride, then the patch size (Wan2.1 81x480x832: latent 21x60x104,
-patch 1x2x2 -> 21 x 30 x 52 = 32,760 tokens). Image: the same with one frame. VLM: the text plus the image
+patch 1x2x2 -> 21 x 30 x 52 = 32,760 tokens; Step-Video's VAE encodes 17-frame chunks into 3 latents each). Image: the same with one frame. VLM: the text plus the image
 patches after the 2x2 merge, the ViT seeing every 14x14 patch (video: two frames per temporal patch).
+
+What the request leaves out comes from the model's stock shape (the input MindSpeed-MM's own example trains on,
+shapes.yaml `stock_shape`), else from DEFAULT_SHAPE.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def count_tokens(
     shape: ModelShape, frames: int | None, height: int | None, width: int | None, text_len: int | None
 ) -> Tokens:
     """Tokens per sample; a frame count or resolution the VAE cannot take is an error naming the fix."""
-    f0, h0, w0 = DEFAULT_SHAPE[shape.kind]
+    stock = shape.stock_shape
+    f0, h0, w0 = (stock.frames, stock.height, stock.width) if stock else DEFAULT_SHAPE[shape.kind]
     f, h, w = frames or f0, height or h0, width or w0
     text = text_len or shape.default_text_len
     if shape.kind == "vlm":
@@ -42,6 +46,16 @@ def count_tokens(
     pt, ph, pw = shape.patch
     if shape.kind == "image":
         f = 1
+    elif shape.frame_chunk is not None:
+        per, latents = shape.frame_chunk
+        if f % per:
+            low = max(per, f // per * per)
+            raise MMAgentError(
+                f"frames must be a multiple of {per} (the VAE encodes {per}-frame chunks into {latents} latents "
+                f"each); got {f}",
+                field="frames",
+                fix=f"use {low} or {low + per}",
+            )
     elif st > 1 and (f - 1) % st:
         low = (f - 1) // st * st + 1
         raise MMAgentError(
@@ -58,6 +72,6 @@ def count_tokens(
                 field=name,
                 fix=f"use {low} or {low + unit}",
             )
-    latent_t = 1 + (f - 1) // st
+    latent_t = f // shape.frame_chunk[0] * shape.frame_chunk[1] if shape.frame_chunk else 1 + (f - 1) // st
     seq = max(1, latent_t // pt) * (h // ss // ph) * (w // ss // pw)
     return Tokens(f, h, w, text, seq, 0)
