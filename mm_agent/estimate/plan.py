@@ -48,7 +48,7 @@ def fit_layout(
     if cur.fits:
         return LayoutFit(
             fits=True, cp=cur.cp, per_device_gb=cur.per_device_gb, device_gb=cur.device_gb,
-            note=f"fits {where}: {cur.per_device_gb:g} of {cur.device_gb:g} GB per device (estimate_resources)",
+            note=f"fits {where}: {cur.per_device_gb:g} of {cur.device_gb:g} GB per device",
         )  # fmt: skip
     for cp in CP_STEPS:
         if cp <= cur.cp or cur.npus % (cur.tp * cur.pp * cp) or not cp_ok(cp):
@@ -58,7 +58,7 @@ def fit_layout(
             return LayoutFit(
                 fits=True, cp=cp, per_device_gb=new.per_device_gb, device_gb=new.device_gb,
                 note=f"CP {cp} so it fits {where}: {new.per_device_gb:g} of {new.device_gb:g} GB per device "
-                f"({cur.per_device_gb:g} GB with CP {cur.cp}; estimate_resources)",
+                f"({cur.per_device_gb:g} GB with CP {cur.cp})",
             )  # fmt: skip
     levers = rank_levers(req, cur, lambda changed: estimate_once(changed, runtime))
     best = next((lever for lever in levers if lever.fits), None)
