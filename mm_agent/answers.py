@@ -151,7 +151,7 @@ def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         f"{verb[r.status]} {len(r.files)} files for {r.model} {r.task} ({r.backend}, {r.size}, MindSpeed-MM "
         f"{r.mm_version}, runtime {r.runtime}) in {r.job_dir}."
     )
-    if r.fit:
+    if r.fit and not r.fit.startswith("fits "):  # a plain fit stays in the data
         text += f"\nmemory: {r.fit}"
     if r.status == "dry_run":
         text += "\nconfirm=true writes them"

@@ -387,8 +387,8 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
         READ_ONLY,
         RouteRequest,
         route_core,
-        "A request in words (English or Chinese) -> the best model/task/backend with its pipeline, the others "
-        "one line each, or a question.",
+        "A request in words (English/Chinese) -> the best model/task/backend with its pipeline, others one "
+        "line each, or a question.",
     )
 
     async def estimate_core(req: EstimateRequest, ctx: Context) -> EstimateResult:
@@ -444,8 +444,8 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
         WRITES_NEW_FILES,
         DatasetRequest,
         dataset_core,
-        "Check clips/images (captions: same-name .txt files, or an index) against the model's limits, each re"
-        "jected file with reason and fix. Dry run by default; confirm=true writes data.json.",
+        "Check clips/images (captions: same-name .txt, or an index) against the model's limits; each rejected "
+        "file with reason and fix. Dry run by default; confirm=true writes data.json.",
     )
 
     async def diagnose_core(req: DiagnoseRequest, ctx: Context) -> DiagnosisReport:
@@ -470,8 +470,8 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
         READ_ONLY,
         DoctorRequest,
         doctor_core,
-        "What on this machine would break the job: torch/torch_npu, CANN, NPUs, MindSpeed-MM, deps, decord, sh"
-        "m, ports, processes, disk, RAM, NICs.",
+        "What on this machine would break the job: torch/torch_npu, CANN, NPUs, MindSpeed-MM, deps, shm, ports, "
+        "disk, RAM, NICs.",
     )
 
     async def install_core(req: InstallRequest, ctx: Context) -> InstallResult:
