@@ -881,8 +881,9 @@ def _fit(
         except MMAgentError:
             continue  # hardware.yaml names servers devices.yaml has no figures for
     req = EstimateRequest(model=entry.id, size=size.id, task=task.id, npus=npus, device=device)
+    stock = npus == size.parallel.npus_per_node * size.parallel.nnodes  # render_job keeps the stock layout
     cp_ok = cp_rule(task.template, runtime, size.arch.get("num_heads"), size.parallel.tp)
-    fit = fit_layout(req, runtime=runtime, cp_ok=cp_ok)
+    fit = fit_layout(req, runtime=runtime, cp_ok=(lambda cp: False) if stock else cp_ok)
     return fit.note if fit else None
 
 

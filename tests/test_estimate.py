@@ -260,6 +260,9 @@ def test_route_gives_the_memory_verdict_for_the_count_asked() -> None:
     fits = route_model(RouteRequest(request="Wan2.1 14B LoRA on 2 NPUs")).candidates[0]
     assert fits.task == "lora" and fits.fit is not None and fits.fit.startswith("fits 2 x 910b2")
     assert route_model(RouteRequest(request="Wan2.1 14B text-to-video")).candidates[0].fit is None
+    # at the stock device count render_job keeps the stock layout: the verdict offers no CP
+    stock = route_model(RouteRequest(request="Wan2.1 14B DPO on 8 NPUs")).candidates[0]
+    assert stock.task == "dpo" and stock.fit is not None and not stock.fit.startswith("CP"), stock.fit
     bundled = route_model(RouteRequest(request="Wan2.1 1.3B text-to-video on 1 GPU", runtime="bundled"))
     assert bundled.candidates[0].fit is not None
 

@@ -91,12 +91,14 @@ def estimate_once(
     runtime = runtime or ("bundled" if device.precision == "fp32" else "mindspeed-mm")
     profile = load_profiles().find(runtime, device.precision)
     par = size.parallel
-    stock_cp = size.arch.get("task_defaults", {}).get(task.id, {}).get("cp", par.cp)
+    stock = size.arch.get("task_defaults", {}).get(
+        task.id, {}
+    )  # a task's own stock layout (Wan2.1-14B i2v, dpo)
     lay = Layout(
         npus=req.npus or par.npus_per_node * par.nnodes,
         tp=req.tp or par.tp,
-        pp=pp or par.pp,
-        cp=req.cp or int(stock_cp),
+        pp=pp or int(stock.get("pp", par.pp)),
+        cp=req.cp or int(stock.get("cp", par.cp)),
         mbs=par.mbs,
         recompute=req.recompute or "full",
         sharding=req.sharding or _sharding(task, size),
