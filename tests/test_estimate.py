@@ -4,11 +4,11 @@ and levers, the device table, the CLI and MCP faces, bad input, and the validati
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from mcp import Client
+from upstream_tree import mindspeed_mm_tree
 
 from mm_agent.cli import main
 from mm_agent.errors import MMAgentError
@@ -292,10 +292,7 @@ def test_job_dir_reads_the_deepspeed_stage(tmp_path: Path) -> None:
 def test_a_wrapped_stock_script_is_read_from_the_checkout(tmp_path: Path) -> None:
     """The `custom` template runs MindSpeed-MM's own script: Wan2.1-14B DPO (14b/i2v/posttrain.sh) trains with
     PP 8, which only that script says; read from the job's MindSpeed-MM checkout, it fits."""
-    upstream = os.environ.get("MM_UPSTREAM")
-    tree = Path(upstream or "/nonexistent") / "MindSpeed-MM" / "v26.0.0"
-    if not (tree / "examples/wan2.1/14b/i2v/posttrain.sh").is_file():
-        pytest.skip("MM_UPSTREAM (MindSpeed-MM v26.0.0 source) is not available")
+    tree = mindspeed_mm_tree("v26.0.0", "read the stock DPO script a wrapper job runs")
     job = tmp_path / "job"
     req = RenderRequest(
         out_dir=str(job), confirm=True, model="wan2.1", task="dpo", size="14b", mm_root=str(tree)

@@ -12,13 +12,13 @@ fitted per model: kernels, attention variants and input shapes move real MFU by 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from upstream_tree import mindspeed_mm_tree
 
 from mm_agent.estimate import EstimateRequest, estimate_resources
 
@@ -139,16 +139,8 @@ def parse_model_table(text: str) -> list[Published]:
 @pytest.fixture(scope="module")
 def published() -> dict[tuple[str, str, str], Published]:
     """The README's rows measured on 1x8 910B in SPS, by (model, size, task); skips without the upstream tree."""
-    root = os.environ.get("MM_UPSTREAM")
-    if not root:
-        pytest.skip(
-            "MM_UPSTREAM is not set: point it at a folder holding MindSpeed-MM/v26.0.0/ "
-            "(e.g. MM_UPSTREAM=../shared/upstream, as .ci/run does) to compare estimates with published throughput"
-        )
-    path = Path(root).expanduser() / README
-    if not path.is_file():
-        pytest.skip(f"{path} is missing: MM_UPSTREAM must hold MindSpeed-MM/v26.0.0/README.md")
-    rows = parse_model_table(path.read_text(encoding="utf-8"))
+    tree = mindspeed_mm_tree("v26.0.0", "compare estimates with published throughput")
+    rows = parse_model_table((tree / "README.md").read_text(encoding="utf-8"))
     return {(r.model, r.size, r.task): r for r in rows if r.sps_on_910b_1x8() is not None}
 
 

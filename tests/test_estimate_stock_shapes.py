@@ -9,12 +9,12 @@ stock shape (frames 4n+1, sizes a multiple of stride x patch) and reports it whe
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from upstream_tree import mindspeed_mm_tree
 
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate import EstimateRequest, estimate_resources
@@ -22,7 +22,6 @@ from mm_agent.estimate.model import ShapeData, StockShape, load_shapes
 from mm_agent.estimate.tokens import DEFAULT_SHAPE
 from mm_agent.registry import get_registry
 
-VERSION = Path("MindSpeed-MM") / "v26.0.0"
 # data-config keys per dimension: MindSpeed-MM's preprocess_parameters (num_frames, max_height/max_width), the
 # VAE dataset (resolution), Lumina's item processor (target_size: a square side)
 KEYS = {
@@ -77,16 +76,7 @@ def upstream_shape(path: Path, kind: str) -> dict[str, set[int]]:
 
 @pytest.fixture(scope="module")
 def upstream() -> Path:
-    root = os.environ.get("MM_UPSTREAM")
-    if not root:
-        pytest.skip(
-            "MM_UPSTREAM is not set: point it at a folder holding MindSpeed-MM/v26.0.0/ "
-            "(e.g. MM_UPSTREAM=../shared/upstream, as .ci/run does) to check stock shapes against upstream"
-        )
-    path = Path(root).expanduser() / VERSION
-    if not path.is_dir():
-        pytest.skip(f"{path} is missing: MM_UPSTREAM must hold MindSpeed-MM/v26.0.0/")
-    return path
+    return mindspeed_mm_tree("v26.0.0", "check stock shapes against upstream")
 
 
 def test_every_video_family_has_stock_shapes() -> None:

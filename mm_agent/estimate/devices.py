@@ -9,10 +9,10 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry import DATA_DIR, read_yaml, validation_error
+from mm_agent.registry import DATA_DIR, load_data
 
 DEVICES_FILE = DATA_DIR / "devices.yaml"
 
@@ -72,10 +72,7 @@ def _key(name: str) -> str:
 
 
 def load_devices_file(path: Path) -> DeviceTable:
-    try:
-        return DeviceTable.model_validate(read_yaml(path))
-    except ValidationError as exc:
-        raise validation_error(path, exc, schema="mm_agent/estimate/devices.py") from exc
+    return load_data(DeviceTable, path, schema="mm_agent/estimate/devices.py")
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry import read_yaml, validation_error
+from mm_agent.registry import load_data
 from mm_agent.registry.schema import ModelEntry, SizeSpec
 
 SHAPES_FILE = Path(__file__).with_name("shapes.yaml")
@@ -82,10 +82,7 @@ class ShapeTable(BaseModel):
 
 @functools.lru_cache(maxsize=1)
 def load_shapes() -> ShapeTable:
-    try:
-        return ShapeTable.model_validate(read_yaml(SHAPES_FILE))
-    except ValidationError as exc:
-        raise validation_error(SHAPES_FILE, exc, schema="mm_agent/estimate/model.py") from exc
+    return load_data(ShapeTable, SHAPES_FILE, schema="mm_agent/estimate/model.py")
 
 
 @dataclass(frozen=True)

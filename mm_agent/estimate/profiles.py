@@ -11,10 +11,10 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry import DATA_DIR, read_yaml, validation_error
+from mm_agent.registry import DATA_DIR, load_data
 
 PROFILES_FILE = DATA_DIR / "memory_profiles.yaml"
 Precision = Literal["bf16", "fp32"]
@@ -68,10 +68,7 @@ class ProfileTable(BaseModel):
 
 
 def load_profiles_file(path: Path) -> ProfileTable:
-    try:
-        return ProfileTable.model_validate(read_yaml(path))
-    except ValidationError as exc:
-        raise validation_error(path, exc, schema="mm_agent/estimate/profiles.py") from exc
+    return load_data(ProfileTable, path, schema="mm_agent/estimate/profiles.py")
 
 
 @functools.lru_cache(maxsize=1)

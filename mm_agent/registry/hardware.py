@@ -10,9 +10,9 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mm_agent.registry import DATA_DIR, read_yaml, validation_error
+from mm_agent.registry import DATA_DIR, load_data
 
 HARDWARE_FILE = DATA_DIR / "hardware.yaml"
 
@@ -51,10 +51,7 @@ class HardwareTable(_Strict):
 
 
 def load_hardware_file(path: Path) -> HardwareTable:
-    try:
-        return HardwareTable.model_validate(read_yaml(path))
-    except ValidationError as exc:
-        raise validation_error(path, exc, schema="mm_agent/registry/hardware.py") from exc
+    return load_data(HardwareTable, path, schema="mm_agent/registry/hardware.py")
 
 
 @functools.lru_cache(maxsize=1)

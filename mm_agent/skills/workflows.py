@@ -11,10 +11,10 @@ import functools
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry import read_yaml, validation_error
+from mm_agent.registry import load_data
 
 WORKFLOWS_FILE = Path(__file__).with_name("workflows.yaml")
 SLUG = r"^[a-z0-9]+(-[a-z0-9]+)*$"
@@ -115,10 +115,7 @@ class Workflows(_Strict):
 
 def parse_workflows(path: Path) -> Workflows:
     """Validate one workflows file; a malformed file fails with its file and field path."""
-    try:
-        return Workflows.model_validate(read_yaml(path))
-    except ValidationError as exc:
-        raise validation_error(path, exc, schema="mm_agent/skills/workflows.py") from exc
+    return load_data(Workflows, path, schema="mm_agent/skills/workflows.py")
 
 
 @functools.cache

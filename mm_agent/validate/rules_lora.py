@@ -14,9 +14,9 @@ import functools
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from mm_agent.registry import DATA_DIR, read_yaml, validation_error
+from mm_agent.registry import DATA_DIR, load_data
 from mm_agent.validate.job import Job, Launch, to_int
 
 LORA_MODULES_FILE = DATA_DIR / "lora_modules.yaml"
@@ -43,10 +43,7 @@ class LoraModules(BaseModel):
 
 
 def load_lora_modules_file(path: Path) -> LoraModules:
-    try:
-        return LoraModules.model_validate(read_yaml(path))
-    except ValidationError as exc:
-        raise validation_error(path, exc, schema="mm_agent/validate/rules_lora.py") from exc
+    return load_data(LoraModules, path, schema="mm_agent/validate/rules_lora.py")
 
 
 @functools.cache
