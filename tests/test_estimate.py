@@ -291,7 +291,8 @@ def test_job_dir_reads_the_deepspeed_stage(tmp_path: Path) -> None:
 
 def test_a_wrapped_stock_script_is_read_from_the_checkout(tmp_path: Path) -> None:
     """The `custom` template runs MindSpeed-MM's own script: Wan2.1-14B DPO (14b/i2v/posttrain.sh) trains with
-    PP 8, which only that script says; read from the job's MindSpeed-MM checkout, it fits."""
+    PP 8 and its model config (MM_MODEL) builds 8 layers, which only those files say; read from the job's
+    MindSpeed-MM checkout, it fits."""
     tree = mindspeed_mm_tree("v26.0.0", "read the stock DPO script a wrapper job runs")
     job = tmp_path / "job"
     req = RenderRequest(
@@ -300,5 +301,22 @@ def test_a_wrapped_stock_script_is_read_from_the_checkout(tmp_path: Path) -> Non
     assert render_job(req).status == "written"  # the CLI's view: no workspace, the checkout where it lies
     r = estimate_resources(EstimateRequest(job_dir=str(job)))
     assert (r.pp, r.sharding, r.fits) == (8, "distributed-optimizer", True), r.per_device_gb
+    # its posttrain_model.json builds 8 of the 40 layers: a fifth of the 14B DiT's parameters
+    assert "builds 8 of the size's 40 layers" in " ".join(r.notes) and r.params_b < 0.25 * 14
     without = _render(tmp_path / "bare", model="wan2.1", task="dpo", size="14b")
     assert estimate_resources(EstimateRequest(job_dir=str(without)), root=tmp_path / "bare").pp == 1
+
+
+def test_job_dir_reads_the_depth_its_model_config_builds(tmp_path: Path) -> None:
+    """The script's MM_MODEL ($JOB_DIR/pretrain_model.json) is what MindSpeed-MM builds: a user who cuts the
+    DiT to 15 of Wan2.1-1.3B's 30 layers gets half the parameters."""
+    job = _render(tmp_path, model="wan2.1", task="t2v", size="1.3b")
+    full = estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path)
+    config = job / "pretrain_model.json"
+    model = json.loads(config.read_text())
+    assert model["predictor"]["num_layers"] == 30
+    model["predictor"]["num_layers"] = 15
+    config.write_text(json.dumps(model))
+    cut = estimate_resources(EstimateRequest(job_dir=str(job)), root=tmp_path)
+    assert cut.params_b == pytest.approx(full.params_b / 2, rel=0.02)
+    assert "builds 15 of the size's 30 layers" in " ".join(cut.notes)

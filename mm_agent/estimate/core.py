@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate.devices import load_devices
 from mm_agent.estimate.flops import flops_per_sample, step_seconds
-from mm_agent.estimate.jobdir import request_from_job
+from mm_agent.estimate.jobdir import JobFacts, request_from_job
 from mm_agent.estimate.levers import rank_levers
 from mm_agent.estimate.memory import Layout, breakdown
 from mm_agent.estimate.model import model_shape
-from mm_agent.estimate.profiles import Runtime, load_profiles
+from mm_agent.estimate.profiles import load_profiles
 from mm_agent.estimate.schema import EstimateRequest, EstimateResult, Sharding
 from mm_agent.estimate.tokens import count_tokens
 from mm_agent.registry import get_registry
@@ -24,13 +25,11 @@ MOE_NOTE = "MoE: expert parallelism is not modelled, every expert counts on each
 def estimate_resources(req: EstimateRequest, root: Path | None = None) -> EstimateResult:
     """Memory per device (itemised), step time and, when it does not fit or could fit better, the ranked
     changes with their own estimates. A job directory's job.yaml and scripts fill what the request leaves out."""
-    runtime: Runtime | None = None
-    pp: int | None = None
+    facts: JobFacts | None = None
     if req.job_dir:
         req, facts = request_from_job(req, root)
-        runtime, pp = facts.runtime, facts.pp
-    result = estimate_once(req, runtime, pp)
-    result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, runtime, pp))
+    result = estimate_once(req, facts)
+    result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, facts))
     return result
 
 
@@ -77,18 +76,21 @@ def _sharding(task: TaskSpec, size: SizeSpec) -> Sharding:
     return "distributed-optimizer"
 
 
-def estimate_once(
-    req: EstimateRequest, runtime: Runtime | None = None, pp: int | None = None
-) -> EstimateResult:
+def estimate_once(req: EstimateRequest, job: JobFacts | None = None) -> EstimateResult:
     """One estimate of exactly the request (no levers), for MindSpeed-MM or mm-agent's bundled runtime
-    (default: the bundled one where the device trains in fp32, i.e. on CPU, else MindSpeed-MM); `pp`: a
-    job's own pipeline size where it differs from the size's stock one."""
+    (default: the bundled one where the device trains in fp32, i.e. on CPU, else MindSpeed-MM). `job`: what a
+    job fixes beyond the request (its runtime, its own PP, the depth its model config builds)."""
     entry, size, task = _pick(req)
     shape = model_shape(entry, size)
+    depth_note = None
+    stock_depth = size.arch.get("num_layers")
+    if job is not None and job.layers and isinstance(stock_depth, int) and job.layers != stock_depth:
+        shape = replace(shape, main=shape.main.scaled(job.layers / stock_depth))
+        depth_note = f"the job's model config builds {job.layers} of the size's {stock_depth} layers"
     tokens = count_tokens(shape, req.frames, req.height, req.width, req.text_len)
     devices = load_devices()
     device = devices.find(req.device or devices.default)
-    runtime = runtime or ("bundled" if device.precision == "fp32" else "mindspeed-mm")
+    runtime = job.runtime if job else "bundled" if device.precision == "fp32" else "mindspeed-mm"
     profile = load_profiles().find(runtime, device.precision)
     par = size.parallel
     stock = size.arch.get("task_defaults", {}).get(
@@ -97,7 +99,7 @@ def estimate_once(
     lay = Layout(
         npus=req.npus or par.npus_per_node * par.nnodes,
         tp=req.tp or par.tp,
-        pp=pp or int(stock.get("pp", par.pp)),
+        pp=(job.pp if job else None) or int(stock.get("pp", par.pp)),
         cp=req.cp or int(stock.get("cp", par.cp)),
         mbs=par.mbs,
         recompute=req.recompute or "full",
@@ -121,6 +123,8 @@ def estimate_once(
     notes = [f"{device.name}: {device.memory_gb:g} GB, {device.bf16_tflops:g} bf16 TFLOPS x MFU {device.mfu}"]
     if shape.main.active < shape.main.params and "derived" in shape.source:
         notes.append(MOE_NOTE)
+    if depth_note:
+        notes.append(depth_note)
     if shape.stock_shape and not (req.frames or req.height or req.width):
         notes.append(
             f"input {tokens.frames}x{tokens.height}x{tokens.width}: the stock {shape.stock_shape.origin}"

@@ -4,6 +4,7 @@ parallel sizes and the clip shape the data loader will produce). Request fields 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -21,6 +22,7 @@ from mm_agent.registry import get_registry
 
 MAX_CONFIG = 1024 * 1024
 _MM_ROOT = re.compile(r"^MM_ROOT_DEFAULT=(.+)$", re.MULTILINE)  # templates/_common/header.sh.j2
+_MM_MODEL = re.compile(r"^MM_MODEL=(.+)$", re.MULTILINE)
 _ASSIGN = re.compile(r"^(TP|PP|CP|NPUS_PER_NODE)=(\d+)\s*$", re.MULTILINE)
 _SHAPE_KEYS = {"num_frames": "frames", "max_height": "height", "max_width": "width"}
 _ZERO_STAGE = re.compile(r"^\s*zero_stage:\s*(\d)\s*$", re.MULTILINE)  # accelerate's deepspeed_config
@@ -28,24 +30,57 @@ _DS_STAGE = re.compile(r'"stage"\s*:\s*(\d)')  # a DeepSpeed JSON's zero_optimiz
 _BY_STAGE: dict[int, Sharding] = {1: "distributed-optimizer", 2: "zero2", 3: "zero3"}
 
 
-def _scripts(job_dir: Path, root: Path | None, spec: JobSpec) -> str:
-    """The training launch script's text (the one with --train-iters), or ''. A job that wraps MindSpeed-MM's
-    stock script (the `custom` template) holds no flags of its own: then the stock script in the job's
-    MindSpeed-MM checkout is read, when it is there and inside the roots."""
-    wrappers = []
+def _text(path: Path, root: Path | None) -> str:
+    return read_file(path, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
+
+
+def _scripts(job_dir: Path, root: Path | None, spec: JobSpec) -> tuple[str, Path | None]:
+    """The training launch script's text (the one with --train-iters), or '', and the job's MindSpeed-MM
+    checkout. A job that wraps MindSpeed-MM's stock script (the `custom` template) holds no flags of its own:
+    then the stock script in that checkout is read, when it is there and inside the roots."""
+    mm_roots: list[Path] = []
+    wrapper = ""
     for path in sorted(p for p in job_dir.glob("*.sh") if not p.name.startswith("inference")):
-        text = read_file(path, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
+        text = _text(path, root)
+        with contextlib.suppress(ValueError, IndexError):  # an edited line that is no longer one word
+            mm_roots += [Path(shlex.split(value)[0]) for value in _MM_ROOT.findall(text)]
         if "--train-iters" in text:
-            return text
-        wrappers += _MM_ROOT.findall(text)
+            return text, mm_roots[0] if mm_roots else None
+        wrapper = wrapper or text
+    mm_root = mm_roots[0] if mm_roots else None
     task = next((t for t in get_registry().get(spec.model).tasks if t.id == spec.task), None)
-    if not wrappers or task is None or not task.example_script:
-        return ""
+    if not wrapper or mm_root is None or task is None or not task.example_script:
+        return "", mm_root
     try:
-        stock = Path(shlex.split(wrappers[0])[0]) / task.example_script
-        return read_file(stock, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
-    except (MMAgentError, ValueError, IndexError):
-        return ""  # no checkout here (or outside the roots): the stock layout from the registry
+        return _text(mm_root / task.example_script, root), mm_root
+    except MMAgentError:
+        return "", mm_root  # no checkout here (or outside the roots): the stock layout from the registry
+
+
+def _model_layers(script: str, job_dir: Path, mm_root: Path | None, root: Path | None) -> int | None:
+    """`predictor.num_layers` of the model config the training script passes (`MM_MODEL`): the depth the job
+    builds, which a stock example may cut (Wan2.1-14B DPO trains 8 of the 40 layers)."""
+    found = _MM_MODEL.search(script)
+    if not found:
+        return None
+    try:
+        value = shlex.split(found.group(1))[0]  # "$MM_ROOT"/'examples/...json' -> $MM_ROOT/examples/...json
+    except (ValueError, IndexError):
+        return None
+    for name, base in (("$JOB_DIR", job_dir), ("$MM_ROOT", mm_root)):
+        if value.startswith(name + "/") and base is not None:
+            value = str(base) + value.removeprefix(name)
+    path = Path(value)
+    if not path.is_absolute():  # a stock script runs from its checkout
+        if mm_root is None:
+            return None
+        path = mm_root / path
+    try:
+        predictor = json.loads(_text(path, root)).get("predictor", {})
+    except (MMAgentError, ValueError, AttributeError):
+        return None
+    layers = predictor.get("num_layers") if isinstance(predictor, dict) else None
+    return layers if isinstance(layers, int) and layers > 0 else None
 
 
 def _find_shape(value: Any, out: dict[str, int]) -> None:
@@ -91,7 +126,8 @@ class JobFacts:
     """What a job fixes beyond the request's fields: the runtime it renders for, its pipeline stages."""
 
     runtime: Runtime
-    pp: int | None
+    pp: int | None = None
+    layers: int | None = None  # the model config's predictor.num_layers
 
 
 def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateRequest, JobFacts]:
@@ -104,7 +140,7 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
             f"{job_dir} holds no {JOB_FILE}", field="job_dir", fix="pass a directory written by render_job"
         )
     spec = load_job_spec(job_dir / JOB_FILE, root)
-    script = _scripts(job_dir, root, spec)
+    script, mm_root = _scripts(job_dir, root, spec)
     values: dict[str, Any] = {
         "model": spec.model,
         "size": spec.size,
@@ -140,4 +176,5 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
         values[key] = values[key] or value
     given = req.model_dump(exclude_none=True, exclude={"job_dir"})
     filled = EstimateRequest.model_validate({k: v for k, v in values.items() if v is not None} | given)
-    return filled, JobFacts(runtime=spec.runtime, pp=spec.pp or assigned.get("PP"))
+    layers = _model_layers(script, job_dir, mm_root, root)
+    return filled, JobFacts(runtime=spec.runtime, pp=spec.pp or assigned.get("PP"), layers=layers)

@@ -95,6 +95,11 @@ class Tower:
     hidden: int
     ffn: int
 
+    def scaled(self, share: float) -> Tower:
+        """The same stack at `share` of its depth (a config that builds fewer layers): parameters follow."""
+        layers = max(1, round(self.layers * share))
+        return Tower(self.params * share, self.active * share, layers, self.hidden, self.ffn)
+
 
 @dataclass(frozen=True)
 class ModelShape:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate.core import estimate_once
+from mm_agent.estimate.jobdir import JobFacts
 from mm_agent.estimate.levers import rank_levers
 from mm_agent.estimate.profiles import Runtime
 from mm_agent.estimate.schema import EstimateRequest
@@ -40,8 +41,9 @@ def fit_layout(
 ) -> LayoutFit | None:
     """The layout for `req.npus`; None when the model is not one the estimator covers. `cp_ok(cp)` says
     whether this job can take that CP (the runtime has CP, the heads divide)."""
+    job = JobFacts(runtime=runtime) if runtime else None
     try:
-        cur = estimate_once(req, runtime)
+        cur = estimate_once(req, job)
     except MMAgentError:
         return None
     where = f"{cur.npus} x {cur.device}"
@@ -53,14 +55,14 @@ def fit_layout(
     for cp in CP_STEPS:
         if cp <= cur.cp or cur.npus % (cur.tp * cur.pp * cp) or not cp_ok(cp):
             continue
-        new = estimate_once(req.model_copy(update={"cp": cp}), runtime)
+        new = estimate_once(req.model_copy(update={"cp": cp}), job)
         if new.fits:
             return LayoutFit(
                 fits=True, cp=cp, per_device_gb=new.per_device_gb, device_gb=new.device_gb,
                 note=f"CP {cp} so it fits {where}: {new.per_device_gb:g} of {new.device_gb:g} GB per device "
                 f"({cur.per_device_gb:g} GB with CP {cur.cp})",
             )  # fmt: skip
-    levers = rank_levers(req, cur, lambda changed: estimate_once(changed, runtime))
+    levers = rank_levers(req, cur, lambda changed: estimate_once(changed, job))
     best = next((lever for lever in levers if lever.fits), None)
     hint = f"; best change: {best.change} ({best.per_device_gb:g} GB)" if best else "; see estimate_resources"
     return LayoutFit(
