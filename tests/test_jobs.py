@@ -26,6 +26,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from mm_agent.cli import main
+from mm_agent.diagnose import DiagnoseRequest, diagnose_errors
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs import (
     JobStatus,
@@ -336,6 +337,13 @@ def test_watchdog_fails_the_run_with_its_root_cause_and_kills_every_worker(ws: P
     everything = stage_pids(launch.run_id) + [pid for pid, _ in workers(pids)]
     assert len(set(everything)) >= 4  # bash, torchrun and its two workers (in sessions of their own)
     assert all(gone(pid) for pid in everything), [p for p in everything if not gone(p)]
+    # diagnosed afterwards, the run's log still names the port, and the watchdog's own stop as a consequence
+    later = diagnose_errors(DiagnoseRequest(run_id=launch.run_id))
+    assert later.root_cause is not None and later.root_cause.rule_id == "hccl_host_port_in_use"
+    stop = [f for f in later.findings if f.rule_id == "mm_agent_watchdog_stop"]
+    assert stop and stop[0].effect == "warning" and "port" in stop[0].title, [
+        f.rule_id for f in later.findings
+    ]
 
 
 @pytest.mark.slow
@@ -366,6 +374,11 @@ def test_stop_job_stops_the_whole_run_and_nothing_else(
     assert sibling.poll() is None, "a process mm-agent did not start must survive"
     final = job_status(launch.run_id)
     assert final.state == "stopped" and final.report is not None and final.report["stopped_by"] == "user"
+    # the signals in its log are mm-agent's stop, not a kill from outside the job
+    later = diagnose_errors(DiagnoseRequest(run_id=launch.run_id))
+    assert later.root_cause is not None and later.root_cause.rule_id == "stopped_by_mm_agent", (
+        later.root_cause
+    )
     assert stop_job(launch.run_id, confirm=True).status == "not_running"
 
 
