@@ -31,37 +31,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGETS = ["ffn.2", "ffn.0", "proj_q", "proj_k", "proj_v", "proj_out"]  # finetune_lora.sh (Wan2.1)
-DIFFUSION = {"model_id": "wan_flow_match_scheduler", "num_train_timesteps": 1000, "shift": 5, "sigma_min": 0.0,
-             "extra_one_step": True}  # fmt: skip
 
 
 def write_job(root: Path, opts: argparse.Namespace) -> None:
-    """Feature files, configs and a release base checkpoint (the wandit's seeded initial weights)."""
+    """benchmarks/runtime_overhead.py's feature files and configs (64-token, 256-wide captions) plus a release
+    base checkpoint: the wandit's seeded initial weights."""
     import torch
+    from runtime_overhead import write_job as write_features
 
     from runtime.wandit import WanDiT, WanDiTConfig
 
-    predictor = {
-        "model_id": "wandit", "model_type": "t2v", "patch_size": [1, 2, 2], "in_dim": 16, "out_dim": 16,
-        "hidden_size": opts.hidden, "num_heads": max(1, opts.hidden // 64), "ffn_dim": 4 * opts.hidden,
-        "freq_dim": 256, "text_dim": 256, "num_layers": opts.layers, "qk_norm": True, "cross_attn_norm": True,
-        "eps": 1e-6, "max_seq_len": 1024,
-    }  # fmt: skip
-    folder = root / "sora_features"
-    (folder / "features").mkdir(parents=True)
-    g = torch.Generator().manual_seed(0)
-    lines = []
-    for i in range(8):
-        name = f"features/clip{i:04d}.pt"
-        feature = {"video": torch.randn(16, opts.frames, opts.size // 8, opts.size // 8, generator=g),
-                   "prompt_ids": torch.randn(64, 256, generator=g), "prompt_mask": torch.ones(64, dtype=torch.long)}  # fmt: skip
-        torch.save(feature, folder / name)
-        lines.append(json.dumps({"path": f"clip{i}.mp4", "cap": "c", "file": name}))
-    (folder / "data.jsonl").write_text("\n".join(lines) + "\n")
-    data = {"dataset_param": {"dataset_type": "feature",
-                              "basic_parameters": {"data_path": str(folder / "data.jsonl"), "data_folder": str(folder)}}}  # fmt: skip
-    (root / "feature_data.json").write_text(json.dumps(data))
-    (root / "pretrain_model.json").write_text(json.dumps({"diffusion": DIFFUSION, "predictor": predictor}))
+    predictor = write_features(root, argparse.Namespace(**vars(opts), text_dim=256, text_len=64))
     torch.manual_seed(0)
     model = WanDiT(WanDiTConfig.from_predictor(predictor, "pretrain_model.json"))
     (root / "base/release/mp_rank_00").mkdir(parents=True)
