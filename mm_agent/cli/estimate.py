@@ -29,9 +29,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--npus", type=int, help="devices in all (default: the size's stock layout)")
     p.add_argument("--tp", type=int, help="tensor parallel size")
     p.add_argument("--cp", type=int, help="context (Ulysses) parallel size")
-    p.add_argument("--frames", type=int, help="video frames, 4n+1 (default 81)")
-    p.add_argument("--height", type=int, help="pixels (default 480; VLM image 448)")
-    p.add_argument("--width", type=int, help="pixels (default 832; VLM image 448)")
+    p.add_argument(
+        "--frames", type=int, help="video frames (default: the stock example's, e.g. 81 for Wan2.1)"
+    )
+    p.add_argument("--height", type=int, help="pixels (default: the stock example's; VLM image 448)")
+    p.add_argument("--width", type=int, help="pixels (default: the stock example's; VLM image 448)")
     p.add_argument("--text-len", type=int, help="text tokens per sample")
     p.add_argument("--recompute", choices=["full", "none"], help="activation recompute (default full)")
     p.add_argument(

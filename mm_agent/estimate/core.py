@@ -93,9 +93,7 @@ def estimate_once(req: EstimateRequest, job: JobFacts | None = None) -> Estimate
     runtime = job.runtime if job else "bundled" if device.precision == "fp32" else "mindspeed-mm"
     profile = load_profiles().find(runtime, device.precision)
     par = size.parallel
-    stock = size.arch.get("task_defaults", {}).get(
-        task.id, {}
-    )  # a task's own stock layout (Wan2.1-14B i2v, dpo)
+    stock = size.arch.get("task_defaults", {}).get(task.id, {})  # a task's own layout (Wan2.1-14B i2v: CP 2)
     lay = Layout(
         npus=req.npus or par.npus_per_node * par.nnodes,
         tp=req.tp or par.tp,
