@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -181,7 +182,13 @@ def _validate(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     verdict = "ok" if r.ok else "NOT ok"
     text = f"{verdict}: {r.error_count} error(s), {r.warning_count} warning(s), {infos} info over {len(r.files)} files."
     for f in [f for f in r.findings if f.severity == "error"][:3]:
-        text += f"\n- {f.rule}: {_cut(f.message, 160)} Fix: {_cut(f.fix, 160)}"
+        where = Path(f.file).name + (f":{f.line}" if f.line else "")  # the folder is the job's: name only
+        text += f"\n- {f.rule} ({where}): {_cut(f.message, 160)} Fix: {_cut(f.fix, 160)}"
+    for f in r.findings:  # whether a checkout's code ran (mm_root) is always said, never cut
+        if f.rule == "mmparser.code_ran":
+            text += f"\n{f.message}."
+        elif f.rule == "mmparser.not_run":
+            text += f"\n{f.message}; {f.fix}."
     if not detail and len(r.findings) > len(data["findings"]):
         text += (
             f"\nShown: errors and warnings, at most {BRIEF_PER_RULE} per rule (by_rule counts them all); "
@@ -404,6 +411,8 @@ def _convert(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
             data["files_more"] = len(data["files"]) - 8
             data["files"] = data["files"][:8]
     text = f"{r.status}: {_cut(r.message, 400)}"
+    for warning in r.warnings:  # NaN/Inf weights: converted, but say it where it is read
+        text += f"\nwarning: {_cut(warning, 400)}"
     if r.run_id:
         text += f"\nrun_id {r.run_id}: follow with job_status."
     return text, data

@@ -11,7 +11,10 @@ group id cannot be reused by an unrelated process in between.
 
 A caller that runs several commands from worker threads it may stop waiting for (the doctor answers at
 its deadline) passes a `Scope` and closes it before returning: what is still running is killed then, and
-nothing starts after.
+nothing starts after. A scope made inside a server call closes itself when the call is cancelled
+(`cancel.on_cancel`), and so does a single command run there: an abandoned or cancelled call leaves no
+probe running. Every running command is also listed here, so the server's shutdown (the client went away)
+kills them all (`kill_all`). Each is killed only until it is reaped, never after (its group id is free then).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
+
+from mm_agent import cancel
 
 TOKEN_VAR = "MM_AGENT_CONTAINED"
 OUTPUT_LIMIT = 1024 * 1024  # per stream; the rest is read and dropped, so the child never blocks on it
@@ -48,20 +53,57 @@ class Finished:
     timed_out: bool
 
 
+class _Child:
+    """One running command: its group (and its token's carriers) can be killed from any thread until the
+    command is reaped; after that, never (its group id may belong to another process by then)."""
+
+    def __init__(self, pgid: int, token: str) -> None:
+        self.pgid = pgid
+        self.token = token
+        self._lock = threading.Lock()
+        self._reaped = False
+
+    def kill(self) -> None:
+        with self._lock:
+            if not self._reaped:
+                kill_contained(self.pgid, self.token)
+
+    def last_kill(self) -> None:
+        """The final kill, just before the caller reaps the leader; later `kill`s do nothing."""
+        with self._lock:
+            kill_contained(self.pgid, self.token)
+            self._reaped = True
+
+
+_LIVE_LOCK = threading.Lock()
+_LIVE: dict[int, _Child] = {}  # every contained command running in this process, by group id
+
+
+def kill_all() -> None:
+    """Kill every contained command still running, with all it started (the server is going away)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for child in live:
+        child.kill()
+
+
 class Scope:
-    """The contained commands of one call: `close()` kills those still running and refuses new ones."""
+    """The contained commands of one call: `close()` kills those still running and refuses new ones. Made
+    inside a server call, it closes itself when that call is cancelled."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._closed = False
-        self._live: dict[int, str] = {}  # pgid -> token
+        self._live: dict[int, _Child] = {}
+        self._unhook: Callable[[], None] = lambda: None  # (close() may run inside on_cancel, just below)
+        self._unhook = cancel.on_cancel(self.close)
 
     def start(self, popen: Callable[[], subprocess.Popen[bytes]], token: str) -> subprocess.Popen[bytes]:
         with self._lock:  # held across the start, so close() cannot slip in between
             if self._closed:
                 raise OSError(errno.ECANCELED, "the call this command belonged to has already returned")
             proc = popen()
-            self._live[proc.pid] = token
+            self._live[proc.pid] = _track(proc.pid, token)
             return proc
 
     def done(self, pgid: int) -> None:
@@ -69,11 +111,21 @@ class Scope:
             self._live.pop(pgid, None)
 
     def close(self) -> None:
+        self._unhook()
         with self._lock:
             self._closed = True
-            live = list(self._live.items())
-        for pgid, token in live:
-            kill_contained(pgid, token)
+            live = list(self._live.values())
+        for child in live:
+            child.kill()
+
+
+def _track(pgid: int, token: str) -> _Child:
+    """List a command just started (once only: a scope's start and run_contained share the record)."""
+    with _LIVE_LOCK:
+        child = _LIVE.get(pgid)
+        if child is None or child.token != token:
+            child = _LIVE[pgid] = _Child(pgid, token)
+        return child
 
 
 def run_contained(
@@ -107,10 +159,16 @@ def run_contained(
         )
 
     proc = scope.start(popen, token) if scope is not None else popen()
+    child = _track(proc.pid, token)
+    unhook = cancel.on_cancel(child.kill)  # the call was cancelled: the command ends now
     try:
         out, err, timed_out = _collect(proc, time.monotonic() + timeout_s, token)
     finally:
-        kill_contained(proc.pid, token)
+        unhook()
+        child.last_kill()
+        with _LIVE_LOCK:
+            if _LIVE.get(proc.pid) is child:
+                del _LIVE[proc.pid]
         if scope is not None:
             scope.done(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -11,8 +11,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from mm_agent import yamlload
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import JobSpec
+from mm_agent.names import not_text
 from mm_agent.paths import read_file
 
 JOB_FILE = "job.yaml"
@@ -22,6 +24,8 @@ MAX_JOB_YAML = 256 * 1024  # a job.yaml is a few hundred bytes
 def spec_error(exc: ValidationError, file: str | None = None) -> MMAgentError:
     """A JobSpec validation error as the user-facing error: the field, pydantic's reason, the fix."""
     err = exc.errors()[0]
+    if (unreadable := not_text(err)) is not None:  # a path whose name is not UTF-8 (from the command line)
+        return MMAgentError(unreadable.message, file=file, field=unreadable.field, fix=unreadable.fix)
     field = ".".join(map(str, err["loc"])) or None
     message = str(err["msg"]).removeprefix("Value error, ")
     return MMAgentError(
@@ -36,7 +40,9 @@ def load_job_spec(path: Path, root: Path | None = None) -> JobSpec:
     """Read a job.yaml back (for `render --from`, the launcher, the doctor); with `root`, the file must be
     a regular file inside it (`paths.read_file`)."""
     try:
-        raw = yaml.safe_load(read_file(path, root, field="job", limit=MAX_JOB_YAML).decode("utf-8"))
+        raw = yamlload.safe_load(read_file(path, root, field="job", limit=MAX_JOB_YAML).decode("utf-8"))
+    except yamlload.YAMLLimit as exc:  # an alias bomb: refused before pydantic walks it
+        raise MMAgentError(f"cannot read job spec: {exc.message}", file=str(path), fix=exc.fix) from None
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise MMAgentError(
             f"cannot read job spec: {exc}", file=str(path), fix="pass the job.yaml of a rendered job"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,46 @@ ASCEND_OPERATOR_PORT = 2222  # ascend-operator pkg/api/v1/constants.go DefaultPo
 HCCL_CONNECT_TIMEOUT = 1200  # seconds, as MindSpeed-MM's stock multi-node scripts set it
 HCCL_BASE_PORT = 60000  # HCCL_IF_BASE_PORT's default
 HCCL_PORT_STRIDE = 16  # one host port per NPU, 16 NPUs at most per node
+
+
+# A hostfile's host (launch_all.sh holds the same pattern): a name, an IPv4 or IPv6 address (with a %zone),
+# optionally after user@. Anything else would reach ssh as an option (a leading `-`), pdsh as host-list
+# syntax (`[01-08]`, `,`, `^file`) or a shell as code.
+HOST_RE = re.compile(
+    r"([A-Za-z0-9_][A-Za-z0-9._-]*@)?"
+    r"([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9._-]+)?)",
+    re.ASCII,
+)
+MAX_HOST = 255
+HOST_FIX = (
+    "write one host per line, node 0 first: a name (letters, digits, . - _), an IPv4 or IPv6 address, or "
+    "user@host, then optional words such as slots=8"
+)
+# What sbatch reads itself in an `#SBATCH` line (src/sbatch/opt.c, _get_argument): whitespace ends an
+# argument (the rest of the line becomes more directives), quotes group, a backslash escapes, and an
+# unescaped `#` starts a comment.
+_SBATCH_SPECIAL = frozenset("\"'\\#")
+
+
+def bad_hosts(text: str) -> list[tuple[int, str]]:
+    """(1-based line, host) for each hostfile line whose first word launch_all.sh refuses. Lines are read
+    as bash's `read` does: split at newlines only (a CR stays in the name), the first blank- or tab-separated
+    word is the host, empty lines and `#` comments are skipped."""
+    out: list[tuple[int, str]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        host = re.split(r"[ \t]+", line.strip(" \t"))[0]
+        if not host or host.startswith("#"):
+            continue
+        if len(host) > MAX_HOST or HOST_RE.fullmatch(host) is None:
+            out.append((number, host))
+    return out
+
+
+def sbatch_unsafe(text: str) -> list[str]:
+    """The characters of `text` that sbatch would not read literally after `#SBATCH --chdir=`."""
+    return sorted(
+        {c for c in text if c.isspace() or c in _SBATCH_SPECIAL or unicodedata.category(c).startswith("C")}
+    )
 
 
 def k8s_name(job: ResolvedJob) -> str:
@@ -47,6 +88,22 @@ def mounts(job: ResolvedJob) -> list[str]:
         if not any(path.is_relative_to(k) for k in kept):
             kept.append(path)
     return [str(p) for p in kept]
+
+
+def check_job_dir(job: ResolvedJob) -> None:
+    """Refuse (at render) a Slurm job whose directory slurm.sbatch cannot name in its `#SBATCH --chdir=`
+    line: sbatch would fail the submit, or read the rest of the path as directives of its own
+    (` --export=ALL,LD_PRELOAD=...`)."""
+    unsafe = sbatch_unsafe(job.job_dir) if job.spec.launcher == "slurm" else []
+    if unsafe:
+        raise MMAgentError(
+            f"out_dir {job.job_dir} cannot be written in slurm.sbatch's `#SBATCH --chdir=` line: sbatch splits "
+            f"that line at whitespace and reads quotes, backslashes and `#` itself ({' '.join(map(repr, unsafe))} "
+            "here), so the submit would fail or the rest of the path would become #SBATCH directives",
+            field="out_dir",
+            fix="render into a directory whose path has no whitespace, quotes, backslash or `#` (e.g. "
+            "jobs/wan-slurm), or use another launcher (pdsh, ascendjob and volcano quote the path)",
+        )
 
 
 def render_launcher(job: ResolvedJob, launcher: Launcher, script: str) -> dict[str, str]:

@@ -200,7 +200,7 @@ def recover_failed_run(args: RecoverArgs, root: Path) -> PromptText:
     values: dict[str, str] = {}
     if args.run_id is not None:
         try:
-            run_dir_for(args.run_id)
+            run_dir_for(args.run_id, root)  # a run of this workspace only
         except MMAgentError as exc:
             raise MMAgentError(exc.message, field="run_id", fix=exc.fix) from None
         values["run_id"] = args.run_id

@@ -25,7 +25,7 @@ from mm_agent.fields import PathText
 from mm_agent.jobfile import JOB_FILE, load_job_spec
 from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
 from mm_agent.jobwrite import write_job
-from mm_agent.launchers import LAUNCHER_FILES, launcher_steps, render_launcher
+from mm_agent.launchers import LAUNCHER_FILES, check_job_dir, launcher_steps, render_launcher
 from mm_agent.paths import confine, resolve, roots_of
 from mm_agent.templating import jinja_environment, templates_dir
 
@@ -324,6 +324,7 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
     # exclude_unset: the spec's model_fields_set is what the request gave, not every field at its default
     spec = JobSpec.model_validate(req.model_dump(include=set(JobSpec.model_fields), exclude_unset=True))
     job = resolve_job(spec, target, base=base, root=root)
+    check_job_dir(job)
     fit = _fit(job)
     if fit is not None and fit.cp != job.cp:
         job = resolve_job(spec.model_copy(update={"cp": fit.cp}), target, base=base, root=root)

@@ -18,10 +18,12 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mm_agent import cancel
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
 from mm_agent.errors import MMAgentError
 from mm_agent.jobfile import JOB_FILE
 from mm_agent.jobspec import Runtime
+from mm_agent.names import is_utf8
 from mm_agent.paths import confine, read_file
 from mm_agent.pipeline import PipelineStage
 from mm_agent.registry import get_registry
@@ -206,6 +208,8 @@ def _job_files(job_dir: Path, root: Path) -> list[JobFileRef]:
         rel_in_job = p.relative_to(job_dir)
         if any(part.startswith(".") for part in rel_in_job.parts) or p.suffix not in LISTED_SUFFIXES:
             continue
+        if not is_utf8(str(rel_in_job)):
+            continue  # a name that is not UTF-8 has no URI that reads it back (and render writes none)
         if p.is_symlink() or not p.is_file():
             continue
         size = p.stat().st_size
@@ -224,10 +228,12 @@ def find_jobs(root: Path) -> list[Path]:
     root = root.resolve()
     jobs: list[Path] = []
     for scanned, (current, dirs, files) in enumerate(os.walk(root), start=1):
+        cancel.check()  # an abandoned resources/list stops walking here
         here = Path(current)
         depth = len(here.relative_to(root).parts)
         if JOB_FILE in files:
-            jobs.append(here)
+            if is_utf8(str(here.relative_to(root))):  # (a folder name that is not UTF-8 has no URI)
+                jobs.append(here)
             dirs.clear()
         elif depth >= JOB_SEARCH_DEPTH:
             dirs.clear()

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -98,6 +99,10 @@ class RunMeta(BaseModel):
     create_time: float | None
     started: str
     cwd: str | None
+    workspace: str | None = Field(
+        default=None,
+        description="the MCP server's workspace that started it (None: the CLI, or an older mm-agent)",
+    )
 
 
 def runs_dir() -> Path:
@@ -136,12 +141,14 @@ def start_run(
     *,
     inputs: Mapping[str, BaseModel] | None = None,
     new_session: bool = False,
+    workspace: Path | None = None,
 ) -> RunInfo:
     """Start `argv + [run_dir]` in the background as run `kind-<time>-<hex>`.
 
     `request` is written to request.json and `inputs` to `<name>` files before the worker starts; its
     stdout and stderr go to run.log; `root` is its working directory (the workspace over MCP).
     `new_session` detaches the worker from the caller's terminal (job supervisors outlive the CLI).
+    `workspace`: the MCP server's workspace, recorded so that only a server on it answers for the run.
     """
     if not _KIND.match(kind):
         raise MMAgentError(f"bad run kind {kind!r}", field="kind", fix="use lower-case letters and digits")
@@ -181,6 +188,7 @@ def start_run(
         create_time=create_time,
         started=started,
         cwd=str(root) if root else None,
+        workspace=str(workspace.resolve()) if workspace is not None else None,
     )
     write_json_atomic(run_dir / META, meta)
     return RunInfo(
@@ -188,8 +196,9 @@ def start_run(
     )
 
 
-def run_dir_for(run_id: str) -> Path:
-    """The directory of an existing run; ids are checked so a crafted id cannot leave the runs folder."""
+def run_dir_for(run_id: str, root: Path | None = None) -> Path:
+    """The directory of an existing run; ids are checked so a crafted id cannot leave the runs folder.
+    With `root` (an MCP server's workspace), a run of another workspace is refused (`check_owner`)."""
     if not _RUN_ID.match(run_id):
         raise MMAgentError(
             f"invalid run id {run_id!r}", field="run_id", fix="pass an id from `mm-agent jobs` (a-z, 0-9, -)"
@@ -201,7 +210,39 @@ def run_dir_for(run_id: str) -> Path:
             field="run_id",
             fix="list the runs with `mm-agent jobs` (runs are kept in the state dir until deleted)",
         )
+    if root is not None:
+        check_owner(read_meta(path), root)
     return path
+
+
+def check_owner(meta: RunMeta, root: Path) -> None:
+    """Refuse a run that the server on workspace `root` did not start. Every server of a user shares one state
+    directory, so without this a server would read the logs of, and stop, runs of any other workspace. A run
+    with no recorded workspace (started from the CLI, or recorded before workspaces were) belongs to `root`
+    when its working directory (a job stage's job directory) lies inside it."""
+    root = root.resolve()
+    if meta.workspace is not None:
+        if Path(meta.workspace) == root:
+            return
+        raise MMAgentError(
+            f"run {meta.run_id} belongs to workspace {meta.workspace}; this server's workspace is {root}, so "
+            "it neither reads nor stops that run",
+            field="run_id",
+            fix=f"use the CLI, which sees every run (`mm-agent status {meta.run_id}`, `mm-agent logs "
+            f"{meta.run_id}`, `mm-agent stop {meta.run_id}`), or a server started with `mm-agent serve "
+            f"--workspace {shlex.quote(meta.workspace)}`",
+        )
+    if meta.cwd is not None and Path(meta.cwd).resolve().is_relative_to(root):
+        return
+    raise MMAgentError(
+        f"run {meta.run_id} was started from the CLI"
+        + (
+            f" for {meta.cwd}, outside this server's workspace {root}" if meta.cwd else ", not by this server"
+        ),
+        field="run_id",
+        fix=f"use the CLI, which sees every run: `mm-agent status {meta.run_id}` (or `mm-agent logs`, "
+        "`mm-agent stop` with the same id)",
+    )
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -238,7 +279,8 @@ def tail(path: Path, lines: int, max_bytes: int = _TAIL_BYTES) -> list[str]:
             data = fh.read()
     except OSError:
         return []
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+    # bytes that are not UTF-8 (a name from a GBK archive that the job printed) as \xNN, as names are shown
+    return data.decode("utf-8", "backslashreplace").splitlines()[-lines:]
 
 
 def read_meta(run_dir: Path) -> RunMeta:

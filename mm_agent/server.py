@@ -34,7 +34,7 @@ from mcp.types import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mm_agent import __version__, prompts, resources
+from mm_agent import __version__, httpauth, prompts, resources
 from mm_agent.answers import answer
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
 from mm_agent.convert import ConvertReport, ConvertRequest, convert_weights
@@ -62,6 +62,7 @@ from mm_agent.jobs import (
     tail_logs,
 )
 from mm_agent.jobs.schema import Stage
+from mm_agent.names import shown, shown_data, shown_model, text_error
 from mm_agent.render import RenderRequest, RenderResult, render_job
 from mm_agent.route import RouteRequest, RouteResult, route_model
 from mm_agent.validate import ValidateRequest, ValidationReport, validate_configs
@@ -96,6 +97,9 @@ WRITES_NEW_FILES = ToolAnnotations(destructive_hint=False, idempotent_hint=True,
 DESTRUCTIVE = ToolAnnotations(idempotent_hint=True, open_world_hint=False)
 STARTS_RUN = ToolAnnotations(destructive_hint=False, open_world_hint=False)
 INSTALLS = ToolAnnotations(idempotent_hint=True)
+# Runs code the server does not control (a trusted checkout's, validate_configs with mm_root): nothing is
+# promised about what that code does, so MCP's defaults (not read-only, destructive, not idempotent, open world).
+RUNS_CODE = ToolAnnotations()
 
 
 def _call(fn: Callable[[], T]) -> T:
@@ -105,9 +109,13 @@ def _call(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except MMAgentError as exc:
-        raise ToolError(exc.render()) from exc
+        raise ToolError(shown(exc.render())) from exc
     except OSError as exc:
-        raise ToolError(os_error(exc).render()) from exc
+        raise ToolError(shown(os_error(exc).render())) from exc
+    except ValueError as exc:  # a non-UTF-8 name met where text is written, or a file that is not UTF-8 text
+        if (error := text_error(exc)) is None:
+            raise
+        raise ToolError(error.render()) from exc
     except RecursionError as exc:
         raise ToolError(
             MMAgentError(
@@ -122,11 +130,15 @@ def _read(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except resources.UnknownResource as exc:
-        raise ResourceNotFoundError(exc.render()) from exc
+        raise ResourceNotFoundError(shown(exc.render())) from exc
     except MMAgentError as exc:
-        raise ResourceError(exc.render()) from exc
+        raise ResourceError(shown(exc.render())) from exc
     except OSError as exc:
-        raise ResourceError(os_error(exc).render()) from exc
+        raise ResourceError(shown(os_error(exc).render())) from exc
+    except ValueError as exc:  # as in _call: a non-UTF-8 name or text, with the fix
+        if (error := text_error(exc)) is None:
+            raise
+        raise ResourceError(error.render()) from exc
 
 
 def _prompt(fn: Callable[[], T]) -> T:
@@ -135,15 +147,18 @@ def _prompt(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except MMAgentError as exc:
-        raise MCPError(INVALID_PARAMS, exc.render()) from exc
+        raise MCPError(INVALID_PARAMS, shown(exc.render())) from exc
 
 
 class _Server(MCPServer):
     """An MCPServer whose resources/list also names what exists now: the files of rendered jobs in the
     workspace and the generated skills (the fixed resources and templates are registered as usual)."""
 
-    def __init__(self, root: Path, guard: Guard) -> None:
-        super().__init__("mm-agent", version=__version__, instructions=INSTRUCTIONS)
+    def __init__(self, root: Path, guard: Guard, auth_token: str | None = None) -> None:
+        # With a token, the SDK's own bearer check guards streamable HTTP (401 without it; see httpauth.py).
+        super().__init__(
+            "mm-agent", version=__version__, instructions=INSTRUCTIONS, **httpauth.server_auth(auth_token)
+        )
         self.root = root
         self.guard = guard
 
@@ -156,20 +171,27 @@ class _Server(MCPServer):
     async def get_prompt(
         self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
     ) -> GetPromptResult | InputRequiredResult:
-        """The SDK answers an unknown prompt or a missing required argument with a bare internal error;
-        name what is wrong instead, as an invalid-params error."""
+        """The SDK answers an unknown prompt, an argument name the prompt does not take or a missing required
+        argument with a bare internal error; name what is wrong instead, as an invalid-params error."""
         listed = {p.name: p for p in await self.list_prompts()}
         if name not in listed:
             raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}; prompts: {', '.join(sorted(listed))}")
         given = arguments or {}
+        takes = [a.name for a in listed[name].arguments or []]
+        unknown = sorted(set(given) - set(takes))
+        if unknown:
+            names = ", ".join(repr(u[:64]) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise MCPError(
+                INVALID_PARAMS, f"prompt {name} has no argument(s) {names}; it takes: {', '.join(takes)}"
+            )
         missing = [a.name for a in listed[name].arguments or [] if a.required and a.name not in given]
         if missing:
             raise MCPError(INVALID_PARAMS, f"prompt {name} needs the argument(s): {', '.join(missing)}")
-        return await super().get_prompt(name, arguments, context)
+        return shown_model(await super().get_prompt(name, arguments, context))  # a name in it: escaped
 
     async def list_resources(self) -> list[Resource]:
         fixed = await super().list_resources()
-        return fixed + await self.guard.run(self._current_resources, _read)
+        return [shown_model(r) for r in fixed + await self.guard.run(self._current_resources, _read)]
 
     def _current_resources(self) -> list[Resource]:
         jobs = [
@@ -197,17 +219,24 @@ class _Server(MCPServer):
 
 
 def build_server(
-    workspace: Path, allow_roots: Sequence[Path] = (), tool_timeout_s: float = TOOL_TIMEOUT_S
+    workspace: Path,
+    allow_roots: Sequence[Path] = (),
+    tool_timeout_s: float = TOOL_TIMEOUT_S,
+    *,
+    trust_mm_roots: Sequence[Path] = (),
+    auth_token: str | None = None,
 ) -> MCPServer:
     """Create the server; every path argument is confined to `workspace` and the `allow_roots` directories
-    the operator named; each call must finish within `tool_timeout_s` (long work runs as background runs)."""
+    the operator named; each call must finish within `tool_timeout_s` (long work runs as background runs).
+    `trust_mm_roots`: folders whose MindSpeed-MM checkouts validate_configs(mm_root=...) may run the code of
+    (none: it runs no checkout's code, and says so). `auth_token`: the bearer token HTTP clients must send."""
     root = workspace.resolve()
     guard = Guard(tuple(Path(r).resolve() for r in allow_roots), tool_timeout_s)
-    mcp = _Server(root, guard)
+    mcp = _Server(root, guard, auth_token)
     _add_resources(mcp, root, guard)
     _add_prompts(mcp, root, guard)
 
-    _add_tools(mcp, root, guard)
+    _add_tools(mcp, root, guard, tuple(Path(r).resolve() for r in trust_mm_roots))
     return mcp
 
 
@@ -249,9 +278,12 @@ def _request(model: type[R], given: dict[str, Any]) -> R:
 
 
 def _reply(result: BaseModel, detail: bool) -> CallToolResult:
-    """A short text summary for the assistant and the compact model as structured content."""
+    """A short text summary for the assistant and the compact model as structured content; a name that is
+    not UTF-8 anywhere in them is shown escaped (`names.shown`), never sent as a lone surrogate."""
     text, data = answer(result, detail)
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=data)
+    return CallToolResult(
+        content=[TextContent(type="text", text=shown(text))], structured_content=shown_data(data)
+    )
 
 
 DETAIL = inspect.Parameter(
@@ -362,7 +394,7 @@ def compact_schema(schema: Any) -> Any:
     return out
 
 
-def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
+def _add_tools(mcp: MCPServer, root: Path, guard: Guard, trust: tuple[Path, ...] = ()) -> None:
     async def run(fn: Callable[[], T], timeout_s: float | None = None) -> T:
         return await guard.run(fn, _call, timeout_s=timeout_s)
 
@@ -417,12 +449,13 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
     )
 
     async def validate_core(req: ValidateRequest, ctx: Context) -> ValidationReport:
-        return await run(lambda: validate_configs(req, root=root))
+        return await run(lambda: validate_configs(req, root=root, trust=trust))
 
     _register(
         mcp,
         "validate_configs",
-        READ_ONLY,
+        # With a trusted checkout (--trust-mm-root), mm_root runs that checkout's Python: no longer read-only.
+        RUNS_CODE if trust else READ_ONLY,
         ValidateRequest,
         validate_core,
         "Check a job (or files) against MindSpeed-MM's rules (parallel sizes, layers, checkpoint, data); ok=fa"
@@ -433,7 +466,7 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
         loop = asyncio.get_running_loop()
 
         def on_progress(done: int, total: int, current: str) -> None:
-            report = ctx.report_progress(float(done), float(total) if total else None, current)
+            report = ctx.report_progress(float(done), float(total) if total else None, shown(current))
             asyncio.run_coroutine_threadsafe(report, loop).result()
 
         return await run(lambda: prepare_dataset(req, root=root, on_progress=on_progress))
@@ -548,7 +581,7 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
     )
 
     async def status_core(req: JobStatusRequest, ctx: Context) -> JobStatus:
-        return await run(lambda: job_status(req.run_id, req.log_lines))
+        return await run(lambda: job_status(req.run_id, req.log_lines, root=root))
 
     _register(
         mcp,
@@ -560,7 +593,7 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
     )
 
     async def tail_core(req: TailRequest, ctx: Context) -> LogTail:
-        return await run(lambda: tail_logs(req.run_id, req.lines))
+        return await run(lambda: tail_logs(req.run_id, req.lines, root=root))
 
     _register(
         mcp,
@@ -572,7 +605,7 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard) -> None:
     )
 
     async def stop_core(req: StopTarget, ctx: Context) -> BaseModel:
-        return await run(lambda: stop(req), timeout_s=req.timeout_s + STOP_SLACK_S)
+        return await run(lambda: stop(req, root=root), timeout_s=req.timeout_s + STOP_SLACK_S)
 
     _register(
         mcp,
@@ -620,7 +653,7 @@ def _add_resources(mcp: MCPServer, root: Path, guard: Guard) -> None:
         mime_type="text/plain",
     )
     async def job_file_resource(path: str) -> str:
-        return await guard.run(lambda: resources.read_job_file(path, root).text, _read)
+        return await guard.run(lambda: shown(resources.read_job_file(path, root).text), _read)
 
     @mcp.resource(
         "mm-agent://skills/{name}",
@@ -714,6 +747,9 @@ def serve(
     port: int = 8765,
     allow_roots: Sequence[Path] = (),
     tool_timeout_s: float = TOOL_TIMEOUT_S,
+    *,
+    trust_mm_roots: Sequence[Path] = (),
+    auth_token: str | None = None,
 ) -> None:
     if transport != "stdio" and host not in {"127.0.0.1", "localhost", "::1"}:
         raise MMAgentError(
@@ -722,15 +758,33 @@ def serve(
             fix="bind 127.0.0.1 (put an authenticating proxy in front for remote use)",
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = build_server(workspace, allow_roots, tool_timeout_s)
+    http = transport != "stdio"
+    server = build_server(
+        workspace,
+        allow_roots,
+        tool_timeout_s,
+        trust_mm_roots=trust_mm_roots,
+        auth_token=auth_token if http else None,
+    )
     log.info(
-        "mm-agent %s serving %s, workspace %s, allowed roots %s",
+        "mm-agent %s serving %s, workspace %s, allowed roots %s, trusted checkouts %s",
         __version__,
         transport,
         workspace.resolve(),
         [str(r) for r in allow_roots] or "none",
+        [str(r) for r in trust_mm_roots] or "none",
     )
-    if transport == "stdio":
-        server.run()
-    else:
-        server.run(transport="streamable-http", host=host, port=port)
+    if http and auth_token is None:
+        log.warning(
+            "HTTP without authentication: any local user or process can call the tools as this user; "
+            "pass --auth-token-file FILE (or set %s) and give the client `Authorization: Bearer <token>`",
+            httpauth.TOKEN_ENV,
+        )
+    try:
+        if transport == "stdio":
+            server.run()
+        else:
+            server.run(transport="streamable-http", host=host, port=port)
+    finally:  # the client went away (stdin closed, Ctrl-C): stop every call's work and contained process
+        if isinstance(server, _Server):
+            server.guard.shutdown()

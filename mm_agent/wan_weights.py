@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,11 @@ def read_wan_weights(weights_dir: Path, root: Path | None = None, hf_id: str | N
             "cannot be read from it",
             file=str(cfg_path),
             field="weights_dir",
-            fix=f"finish the download (`huggingface-cli download {hf_id or WAN_EXAMPLE_REPO} "
-            f"--local-dir {weights_dir}`), or point weights_dir at the diffusers folder that holds "
+            fix="finish the download (`"
+            + shlex.join(
+                ["huggingface-cli", "download", hf_id or WAN_EXAMPLE_REPO, "--local-dir", str(weights_dir)]
+            )
+            + f"`), or point weights_dir at the diffusers folder that holds "
             f"{TRANSFORMER_CONFIG}, or at an empty or new folder to download into after rendering",
         )
     out.transformer_config = str(cfg_path)

@@ -4,7 +4,9 @@ The SDK's stdio transport hands such a line to the server as an exception, which
 the client waits forever: bad JSON, or JSON nested deeper than the parser's limit (pydantic-core stops
 at 200 levels). JSON-RPC 2.0 says such a request gets an error response: a parse error (-32700) for text
 that cannot be parsed, an invalid request (-32600) for JSON that is not a message. The request's id is
-recovered from the raw line when it can be (a top-level "id" key), else null.
+recovered from the raw line when it can be (a top-level "id" key), else null. And what goes out is made
+writable first: a lone surrogate anywhere in a message (a non-UTF-8 file name) is escaped, never left to
+kill the SDK's writer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 from pydantic import ValidationError
+
+from mm_agent.names import shown_data
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\r\n"
@@ -104,8 +108,39 @@ def error_for(exc: Exception) -> JSONRPCError:
     return JSONRPCError(jsonrpc="2.0", id=rid, error=ErrorData(code=code, message=message))
 
 
+def writable(item: SessionMessage) -> SessionMessage:
+    """`item` as it can be written: any string in it that holds a lone surrogate (a file name that is not
+    UTF-8, however it got there) escaped by `names.shown`. The SDK's writer would raise "surrogates not
+    allowed" on it and the server would stop answering for good, so this is the last line of defence for
+    every reply, notification and error, whatever tool, resource or prompt produced it."""
+    message = shown_data(item.message)
+    return item if message is item.message else SessionMessage(message, metadata=item.metadata)
+
+
+class _WritableStream:
+    """The transport's write stream, passing every message through `writable` first."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._inner.send(writable(item))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _WritableStream:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return bool(await self._inner.__aexit__(*exc))
+
+
 async def serve_readable(server: Any, read_stream: Any, write_stream: Any) -> None:
-    """Run a low-level MCP server over the transport streams, answering each unreadable line itself."""
+    """Run a low-level MCP server over the transport streams, answering each unreadable line itself; every
+    message out is made writable first (`writable`)."""
+    write_stream = _WritableStream(write_stream)
     send, receive = create_context_streams[SessionMessage | Exception](0)
 
     async def forward() -> None:

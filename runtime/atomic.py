@@ -1,12 +1,14 @@
 """All-or-nothing files for the runtime: write a hidden temp file beside the target, rename it into place.
 
 A run killed at any moment leaves either the old file or the new one, never a truncated file under the real
-name; the hidden `.<name>.tmp-<pid>` leftovers are recognisable by `TEMP_MARK` and cleaned by their owners.
+name; the hidden `.<name>.tmp-<pid>-<random>` leftovers are recognisable by `TEMP_MARK` and cleaned by their
+owners. The random part keeps two threads of one process (or a pid reused) from sharing a temp file.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -25,9 +27,9 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], object], *, durable: bool = True) -> None:
     """Run `write(file_object)` on a hidden temp file beside `path`, fsync (if `durable`), rename onto `path`."""
-    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        with open(tmp, "wb") as handle:
+        with open(tmp, "xb") as handle:
             write(handle)
             handle.flush()
             if durable:

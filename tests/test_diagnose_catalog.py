@@ -12,6 +12,7 @@ import functools
 import itertools
 import re
 import string
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -95,11 +96,33 @@ def test_file_loads_and_id_is_the_stem(rule_id: str) -> None:
     assert load_signature(SIGNATURES_DIR / f"{rule_id}.yaml").sig.id == rule_id
 
 
+def _before(lines: list[str]) -> Callable[[], list[str]] | None:
+    """What match_line asks for the lines logged before a line (none given: rules with a context never apply)."""
+    return (lambda: lines) if lines else None
+
+
 @pytest.mark.parametrize("rule_id", IDS)
 def test_examples_match_only_their_own_signature(rule_id: str) -> None:
-    for line in _entry(rule_id).sig.examples.match:
-        hits = {entry.sig.id for entry, _ in match_line(line, _catalog())}
+    """Each example line resolves to its own rule alone (after the lines of its context, for a rule that
+    has one): noise takes its line from every rule, a rule in its context from the rest."""
+    examples = _entry(rule_id).sig.examples
+    for line in examples.match:
+        hits = {entry.sig.id for entry, _ in match_line(line, _catalog(), _before(examples.context))}
         assert hits == {rule_id}, f"{line!r} resolves to {sorted(hits)}"
+
+
+@pytest.mark.parametrize("rule_id", IDS)
+def test_rules_with_a_context_hold_only_in_it(rule_id: str) -> None:
+    """A rule with a context never applies without the lines before, nor after lines that end its phase."""
+    entry = _entry(rule_id)
+    if entry.sig.context is None:
+        return
+    out = entry.sig.examples.out_of_context
+    assert out, "give examples.out_of_context: lines after which the rule must not apply"
+    for line in entry.sig.examples.match:
+        for before in (None, _before(out)):
+            hits = {e.sig.id for e, _ in match_line(line, _catalog(), before)}
+            assert rule_id not in hits and hits, f"{line!r} resolves to {sorted(hits)} out of context"
 
 
 @pytest.mark.parametrize("rule_id", IDS)

@@ -116,10 +116,13 @@ async def test_diagnose_a_run_by_id_over_mcp_and_cli(tmp_path: Path, monkeypatch
         "listening for the host network adapter socket.Reason: The IP address 192.168.1.100 and port 50001 "
         "have already been bound."
     )
-    info = start_run("test", [sys.executable, "-c", f"print({line!r})"], RunStatusRequest(run_id="x"))
-    wait_run(info.run_id, lambda status: None)
     workspace = tmp_path / "ws"
     workspace.mkdir()
+    # a run of this workspace's server (a server answers only for its own: tests/security/test_run_scope.py)
+    info = start_run(
+        "test", [sys.executable, "-c", f"print({line!r})"], RunStatusRequest(run_id="x"), workspace=workspace
+    )
+    wait_run(info.run_id, lambda status: None)
     async with Client(build_server(workspace), raise_exceptions=True) as client:
         r = await client.call_tool("diagnose_errors", {"run_id": info.run_id})
         assert r.structured_content is not None

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
+import shutil
 import stat
 import subprocess
 import sys
@@ -409,18 +411,22 @@ def test_git_pinned_overlay_and_mindspeed_commit(tmp_path: Path, monkeypatch: py
     wrong = run("mindspeed", model="qwen3vl", mm_version="26.0.0")["mindspeed"]
     assert (
         wrong.status == "fail"
-        and wrong.fix == f"cd {ms_src} && git checkout 96bc0a3bf3398bf45ac26e0bded95ee174ac449b"
+        and wrong.fix == f"`cd {ms_src} && git checkout 96bc0a3bf3398bf45ac26e0bded95ee174ac449b`"
     )
 
 
 def test_unusable_interpreter_is_a_fail_not_a_crash(tmp_path: Path) -> None:
-    """A real interpreter whose environment is broken (its sitecustomize exits) fails the interpreter
-    checks with the fix; a path that is no interpreter at all is refused up front, naming the field."""
-    venv = tmp_path / "broken"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    (site / "sitecustomize.py").write_text("raise SystemExit('this environment is broken')\n")
-    results = run("python_version", "torch_version", "decord", python=str(venv / "bin" / "python"))
+    """A real interpreter whose installation is broken (its standard library's `encodings` exits at start:
+    the probes run with -I -S, so a sitecustomize would no longer run) fails the interpreter checks with the
+    fix; a path that is no interpreter at all is refused up front, naming the field."""
+    broken = tmp_path / "broken"
+    stdlib = broken / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (stdlib / "encodings").mkdir(parents=True)
+    (stdlib / "os.py").write_text("")  # the landmark that makes this folder the interpreter's stdlib
+    (stdlib / "encodings" / "__init__.py").write_text("raise SystemExit('this environment is broken')\n")
+    (broken / "bin").mkdir()
+    shutil.copy2(os.path.realpath(sys.executable), broken / "bin" / "python")
+    results = run("python_version", "torch_version", "decord", python=str(broken / "bin" / "python"))
     for c in results.values():
         assert c.status == "fail" and "cannot inspect the training interpreter" in c.summary
         assert "this environment is broken" in c.summary
@@ -456,7 +462,7 @@ def test_rendered_job_master_port_workers_and_crlf(
     script.write_bytes(script.read_bytes().replace(b"\n", b"\r\n"))
     crlf = run("crlf_scripts", job="job")["crlf_scripts"]
     assert crlf.status == "fail" and crlf.evidence == ["pretrain.sh (first CRLF on line 1)"]
-    assert crlf.fix and "dos2unix pretrain.sh" in crlf.fix
+    assert crlf.fix and "dos2unix ./pretrain.sh" in crlf.fix
 
     with pytest.raises(MMAgentError, match="not a rendered job"):
         run(job=str(tmp_path))

@@ -147,10 +147,11 @@ def test_launch_all_runs_every_node_over_ssh_and_pdsh(tmp_path: Path, runtime: s
     bin_dir.mkdir()
     record.mkdir()
     _stand_in_training(job, record)
-    # ssh HOST CMD / pdsh -w HOST CMD: run CMD here, as the remote shell would
+    # ssh -o OPT -- HOST CMD / pdsh -w HOST -- CMD: run CMD here, as the remote shell would
     _exe(
         bin_dir / "ssh",
-        'while [ "${1#-}" != "$1" ]; do shift 2; done\necho "$1" >> "$(dirname "$0")/hosts"\nshift\nexec bash -c "$*"\n',
+        'while [ "$1" != "--" ]; do shift 2; done\nshift\necho "$1" >> "$(dirname "$0")/hosts"\nshift\n'
+        'exec bash -c "$*"\n',
     )
     hosts = tmp_path / "hosts"
     hosts.write_text("# cluster\nnode-a slots=8\n\nnode-b\n")
@@ -177,7 +178,10 @@ def test_launch_all_runs_every_node_over_ssh_and_pdsh(tmp_path: Path, runtime: s
     # with pdsh on PATH it is used instead, and MASTER_ADDR from the environment wins
     shutil.rmtree(record)
     record.mkdir()
-    _exe(bin_dir / "pdsh", 'echo "$2" >> "$(dirname "$0")/pdsh_hosts"\nexec bash -c "$3"\n')
+    _exe(
+        bin_dir / "pdsh",
+        '[ "$1 $3" = "-w --" ] || exit 9\necho "$2" >> "$(dirname "$0")/pdsh_hosts"\nexec bash -c "$4"\n',
+    )
     run = subprocess.run(
         ["bash", str(job / "launch_all.sh"), str(hosts)],
         env={**base, "MASTER_ADDR": "10.9.9.9"},
@@ -195,6 +199,7 @@ def test_launch_all_refuses_bad_hostfiles(tmp_path: Path) -> None:
     for text, said in [
         ("# none\n\n", "lists no hosts"),
         ("a\nb\nc\n", "lists 3 hosts but this job runs on 2"),
+        ("node-a\n-oProxyCommand=x slots=8\n", "hosts line 2: -oProxyCommand=x is not a host name"),
     ]:
         hosts = tmp_path / "hosts"
         hosts.write_text(text)

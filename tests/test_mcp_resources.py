@@ -18,6 +18,7 @@ from mm_agent import resources
 from mm_agent.catalog import ListModelsRequest, list_models
 from mm_agent.render import RenderRequest, render_job
 from mm_agent.route import RouteRequest, route_model
+from mm_agent.runs import RunMeta
 from mm_agent.server import build_server
 from mm_agent.skills.build import skills_dir
 from mm_agent.skills.workflows import load_workflows
@@ -266,7 +267,17 @@ async def test_prompts_render_the_workflows(
 ) -> None:
     state = tmp_path / "state"
     (state / "runs" / "train-wan21-1").mkdir(parents=True)
-    (state / "runs" / "train-wan21-1" / "run.json").write_text("{}", encoding="utf-8")
+    meta = RunMeta(  # a run this workspace's server started (a server answers only for its own runs)
+        run_id="train-wan21-1",
+        kind="train",
+        argv=[],
+        pid=1,
+        create_time=None,
+        started="2026-01-01T00:00:00+00:00",
+        cwd=None,
+        workspace=str(workspace.resolve()),
+    )
+    (state / "runs" / "train-wan21-1" / "run.json").write_text(meta.model_dump_json(), encoding="utf-8")
     monkeypatch.setenv("MM_AGENT_STATE_DIR", str(state))
     calls = {
         "finetune_generative": {

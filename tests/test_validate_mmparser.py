@@ -88,6 +88,9 @@ def test_a_checkout_whose_parser_cannot_be_built_is_a_warning(tmp_path: Path) ->
     (mm / "pretrain_sora.py").write_text("from mindspeed_mm.configs.config import mm_extra_args_provider\n")
     job = copy_job(tmp_path, "wan21_t2v")
     report = run(job, mm_root=mm)
-    (warning,) = [f for f in report.findings if f.rule.startswith("mmparser.")]
+    ran, warning = sorted(
+        (f for f in report.findings if f.rule.startswith("mmparser.")), key=lambda f: f.rule
+    )
+    assert ran.rule == "mmparser.code_ran" and report.ran_code_from == str(mm)  # its arguments.py did run
     assert (warning.rule, warning.severity, warning.field) == ("mmparser.unavailable", "warning", "mm_root")
     assert "could not build MindSpeed-MM's parser" in warning.message

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from mm_agent import __version__
+from mm_agent import __version__, names
 from mm_agent.errors import MMAgentError
 
 from . import (
@@ -76,7 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _escaping_streams() -> None:
+    """stdout and stderr write a name that is not UTF-8 escaped (`\\xff`, as `names.shown` does) instead of
+    raising in the middle of a report: no path printed by any command can end in a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors=names.ERRORS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _escaping_streams()
     args = build_parser().parse_args(argv)
     try:
         code = int(args.func(args))
@@ -92,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ValidationError as exc:  # a request model refused an option value: same shape as MMAgentError
         err = exc.errors()[0]
+        if (unreadable := names.not_text(err)) is not None:  # a path given whose name is not UTF-8
+            print(f"error: {unreadable.render()}", file=sys.stderr)
+            return 2
         field = ".".join(str(part) for part in err["loc"]) or "input"
         fix = f"see `mm-agent {args.command} --help`"
         print(f"error: {MMAgentError(err['msg'], field=field, fix=fix).render()}", file=sys.stderr)
@@ -99,3 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ValueError as exc:  # a non-UTF-8 name met where text is written, or a file that is not UTF-8 text
+        if (error := names.text_error(exc)) is None:
+            raise
+        print(f"error: {error.render()}", file=sys.stderr)
+        return 2

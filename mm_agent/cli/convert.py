@@ -159,6 +159,8 @@ def print_report(report: ConvertReport) -> None:
         reasons[change.reason or "no reason given"] = reasons.get(change.reason or "no reason given", 0) + 1
     for reason, count in reasons.items():
         out.print(f"  dropped {count} key(s): {reason}", markup=False)
+    for warning in report.warnings:
+        out.print(f"warning: {warning}", markup=False)
     for f in report.files:
         pp = f" pp {f.pp_rank}" if f.pp_rank is not None else ""
         out.print(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_agent.jobs import job_status, tail_logs
-from mm_agent.jobs.status import redact
+from mm_agent.redact import redact
 
 from .output import add_json_flag, print_json
 

@@ -6,6 +6,7 @@ import argparse
 
 from pydantic import BaseModel, ValidationError
 
+from mm_agent import names
 from mm_agent.errors import MMAgentError
 
 
@@ -16,7 +17,9 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def print_json(model: BaseModel) -> None:
-    print(model.model_dump_json(indent=2))
+    """The model as JSON; a name that is not UTF-8 in it is shown escaped (`names.shown`), as over MCP, where
+    pydantic would refuse to serialize it."""
+    print(names.shown_model(model).model_dump_json(indent=2))
 
 
 def console():  # type: ignore[no-untyped-def]
@@ -30,4 +33,6 @@ def option_error(exc: ValidationError, command: str) -> MMAgentError:
     """A request model's refusal of an option value, named as the flag the user typed (`--max-height`)."""
     err = exc.errors()[0]
     flag = "--" + ".".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "arguments"
+    if (unreadable := names.not_text(err)) is not None:  # a path whose name is not UTF-8
+        return MMAgentError(unreadable.message, field=flag, fix=unreadable.fix)
     return MMAgentError(err["msg"], field=flag, fix=f"see `mm-agent {command} --help`")

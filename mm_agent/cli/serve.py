@@ -44,11 +44,31 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (loopback only)")
     p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    p.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --transport http: clients must send `Authorization: Bearer <the token in FILE>` (one line, "
+        "16+ characters, file mode 600); default: $MM_AGENT_HTTP_TOKEN; without either, HTTP is "
+        "unauthenticated on loopback (a warning is logged)",
+    )
+    p.add_argument(
+        "--trust-mm-root",
+        dest="trust_mm_root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder holding MindSpeed-MM checkouts (and their Megatron-LM/MindSpeed) whose Python "
+        "validate_configs(mm_root=...) may run to judge launches with MindSpeed-MM's own parser; repeatable. "
+        "Without it the server runs no checkout's code: mm_root gets a dry run saying what would run",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from mm_agent.errors import MMAgentError
+    from mm_agent.httpauth import load_token
     from mm_agent.server import TOOL_TIMEOUT_S, serve
 
     workspace = Path(args.workspace)
@@ -71,6 +91,30 @@ def run(args: argparse.Namespace) -> int:
             field="--tool-timeout",
             fix="pass seconds > 0",
         )
+    trusted = [Path(t).expanduser() for t in args.trust_mm_root]
+    for folder in trusted:
+        if not folder.is_dir():
+            raise MMAgentError(
+                f"trusted checkout folder {folder} is not a directory",
+                field="--trust-mm-root",
+                fix="pass the MindSpeed-MM checkout (or the folder holding it and its Megatron-LM/MindSpeed)",
+            )
+    if args.auth_token_file is not None and args.transport != "http":
+        raise MMAgentError(
+            "--auth-token-file applies to --transport http only (stdio is the client's own pipe)",
+            field="--auth-token-file",
+            fix="add --transport http, or drop --auth-token-file",
+        )
+    token = load_token(args.auth_token_file, os.environ)[0] if args.transport == "http" else None
     transport = "stdio" if args.transport == "stdio" else "streamable-http"
-    serve(workspace, transport, args.host, args.port, allow_roots=allowed, tool_timeout_s=timeout)
+    serve(
+        workspace,
+        transport,
+        args.host,
+        args.port,
+        allow_roots=allowed,
+        tool_timeout_s=timeout,
+        trust_mm_roots=trusted,
+        auth_token=token,
+    )
     return 0

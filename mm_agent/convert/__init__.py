@@ -65,7 +65,7 @@ def convert_weights(req: ConvertRequest, root: Path | None = None) -> ConvertRep
             field="converter",
             fix=INSTALL_FIX,
         )
-    info = start_run(RUN_KIND, worker_argv(), req, root, inputs={PLAN: plan})
+    info = start_run(RUN_KIND, worker_argv(), req, root, inputs={PLAN: plan}, workspace=root)
     return ConvertReport(
         status="started",
         run_id=info.run_id,

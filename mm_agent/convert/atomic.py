@@ -10,10 +10,16 @@ checkpoint, or `from_pretrained` a half-written export). Two modes:
   writing and never renamed.
 Everything staged is flushed to disk before it is renamed into place, so this holds after a power cut too.
 Temp dirs carry the writer's pid; the next run removes those whose process is gone.
+
+A disk that fills up while staging is reported as the full disk it is (`errors.os_error`, ENOSPC, with the
+fix), naming the target: the OS's ENOSPC/EDQUOT, and torch's stream writer, which says only "unexpected
+pos N vs M" (or "PytorchStreamWriter failed writing") when a write fails, whenever the target's filesystem
+is then (nearly) full, checked before the staged files are removed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -23,12 +29,27 @@ from types import TracebackType
 
 import psutil
 
-from mm_agent.errors import MMAgentError
+from mm_agent.errors import MMAgentError, os_error
 
 TEMP_TAG = ".mm-agent-tmp-"
 SCRATCH = ".scratch"
 # Test-only: seconds to sleep after each output file, so tests can kill a run mid-way. Unset in real use.
 SLOW_ENV = "MM_AGENT_CONVERT_TEST_DELAY"
+# torch's PytorchStreamWriter words for a failed write (it does not keep the errno)
+_WRITER_FAILED = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+FULL_BELOW_BYTES = 64 * 1024 * 1024  # free space under which a failed write is taken for a full disk
+
+
+def disk_full(exc: BaseException, where: Path) -> bool:
+    """Whether `exc`, raised while writing under `where`, means its filesystem is full."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not (isinstance(exc, RuntimeError) and any(w in str(exc) for w in _WRITER_FAILED)):
+        return False
+    try:
+        return shutil.disk_usage(where).free < FULL_BELOW_BYTES
+    except OSError:
+        return False
 
 
 def pause_for_tests() -> None:
@@ -92,7 +113,13 @@ class Staging:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self.committed:
+            full = exc is not None and disk_full(exc, self.dir if self.dir.exists() else self.target.parent)
             shutil.rmtree(self.dir, ignore_errors=True)
+            if full:
+                assert exc is not None
+                raise os_error(
+                    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.target)), field="target"
+                ) from exc
 
     def commit(self, last: list[str]) -> None:
         """Move the staged files into the target; `last` (top-level names) go last, in order."""

@@ -15,7 +15,7 @@ from types import TracebackType
 
 from mm_agent.convert.plan import converter_module, is_native, plan_conversion, require_fit
 from mm_agent.convert.schema import ConvertReport, ConvertRequest
-from mm_agent.errors import MMAgentError
+from mm_agent.errors import MMAgentError, os_error
 
 Progress = Callable[[int, int, str], None]
 
@@ -37,7 +37,10 @@ def execute(req: ConvertRequest, progress: Progress | None = None) -> ConvertRep
     method = getattr(converter_module(req.converter), req.method)
     started = time.monotonic()
     with AnonPeak() as peak:
-        report: ConvertReport = method(req, plan, progress or _quiet)
+        try:
+            report: ConvertReport = method(req, plan, progress or _quiet)
+        except OSError as exc:  # a full disk, a vanished or unreadable file: in words, with the fix
+            raise os_error(exc, file=str(exc.filename) if exc.filename else req.target) from exc
     report = report.model_copy(
         update={"seconds": round(time.monotonic() - started, 3), "peak_rss_bytes": peak.bytes}
     )

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from mm_agent.convert.shapes import ShapeTable
 from mm_agent.errors import MMAgentError
 from mm_agent.registry import read_yaml, validation_error
 
@@ -150,6 +151,11 @@ class Mapping(_Strict):
     lora: LoraRules | None = Field(
         default=None, description="LoRA adapters (lora_hf_to_mm, merge_lora_to_base)"
     )
+    shapes: ShapeTable | None = Field(
+        default=None,
+        description="expected HF tensor shapes from config.json (convert/shapes.py): a transposed or "
+        "reshaped tensor is refused before converting",
+    )
     _inverse: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: object, /) -> None:
@@ -179,6 +185,10 @@ class Mapping(_Strict):
             raise ValueError(f"names in both pre_process and post_process: {sorted(both)}")
         if self.upstream_ops:
             self._check_steps()
+        if self.shapes is not None and self.transforms:  # every HF tensor a transform reads has a shape
+            missing = sorted({h for t in self.transforms for h in t.hf} - set(self.shapes.tensors))
+            if missing:
+                raise ValueError(f"shapes.tensors lacks {missing[:5]}")
         return self
 
     def _check_steps(self) -> None:

@@ -24,6 +24,7 @@ from mm_agent.convert.manifest import MANIFEST, hash_sources, read_manifest, wri
 from mm_agent.convert.native import CONFIG, Record, index_file, read_hf_source, read_json, same_dir, unchanged
 from mm_agent.convert.plan import NativeLayout
 from mm_agent.convert.schema import ConvertPlan, ConvertReport, ConvertRequest, KeyChange, Manifest, RankFile
+from mm_agent.convert.shapes import check_shapes
 from mm_agent.convert.vlm import (
     Dims,
     Param,
@@ -82,6 +83,13 @@ class _HFPlan:
         self.dims = Dims.from_config(src.config)
         uses_newer_names(list(src.where), mapping)
         self.actual = {to_canonical(n, mapping): n for n in src.where}
+        check_shapes(  # merged or renamed, a transposed or reshaped input would be converted as it is
+            mapping.shapes,
+            {c: src.where[a][1].shape for c, a in self.actual.items()},
+            self.dims.values,
+            {c: str(src.where[a][0].path) for c, a in self.actual.items()},
+            shown=self.actual,
+        )
         check_heads(mapping, self.dims, req.tp)
         params, unknown = expand(mapping, list(self.actual), self.dims, "hf")
         if unknown:
@@ -130,7 +138,14 @@ class _HFPlan:
             hf={"hf_config": src.config, "hf_index": src.index_name, "hf_weight_map": src.weight_map},
         )
 
-    def report(self, status: str, plan: ConvertPlan, message: str, written: int = 0) -> ConvertReport:
+    def report(
+        self,
+        status: str,
+        plan: ConvertPlan,
+        message: str,
+        written: int = 0,
+        warnings: list[str] | None = None,
+    ) -> ConvertReport:
         return ConvertReport(
             status=status,  # type: ignore[arg-type]
             plan=plan,
@@ -139,6 +154,7 @@ class _HFPlan:
             keys_dropped=self.dropped,
             files=self.files,
             bytes_written=written,
+            warnings=warnings or [],
         )
 
 
@@ -162,7 +178,7 @@ def _plan_hf_to_mm(req: ConvertRequest) -> NativeLayout:
 
 def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
     from mm_agent.convert.ptfile import save_pt
-    from mm_agent.convert.tensors import SafetensorsFile, Scratch
+    from mm_agent.convert.tensors import NonFinite, SafetensorsFile, Scratch
     from mm_agent.convert.vlm_io import build
 
     hp = _HFPlan(req)
@@ -171,10 +187,11 @@ def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
     if unchanged(target, TRACKER, record) is not None:
         return hp.report("unchanged", plan, f"{target} already holds this conversion; nothing to do")
     readers = {h.path: SafetensorsFile(h.path, h) for h in hp.source.headers}
+    finite = NonFinite()  # the HF inputs, by the names in the user's files (once each, whatever the TP)
 
     def hf_tensor(name: str) -> torch.Tensor:
         actual = hp.actual[name]
-        return readers[hp.source.where[actual][0].path].get(actual)
+        return finite.check(actual, readers[hp.source.where[actual][0].path].get(actual))
 
     keys = hp.stages.model_keys()
     written = 0
@@ -197,7 +214,8 @@ def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
         written += write_manifest(staging.dir, record.manifest(hashes.result())).stat().st_size
         (staging.dir / TRACKER).write_text(RELEASE, encoding="utf-8")
         staging.commit(last=[MANIFEST, TRACKER])
-    return hp.report("converted", plan, f"wrote {len(hp.files)} rank file(s) to {target}", written)
+    message = f"wrote {len(hp.files)} rank file(s) to {target}"
+    return hp.report("converted", plan, message, written, finite.warnings())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -407,7 +425,14 @@ class _Export:
                 built.update({self.hf_name[h]: t for h, t in zip(p.hf, tensors, strict=True)})
         return [(k, built[k]) for k in keys]
 
-    def report(self, status: str, plan: ConvertPlan, message: str, written: int = 0) -> ConvertReport:
+    def report(
+        self,
+        status: str,
+        plan: ConvertPlan,
+        message: str,
+        written: int = 0,
+        warnings: list[str] | None = None,
+    ) -> ConvertReport:
         return ConvertReport(
             status=status,  # type: ignore[arg-type]
             plan=plan,
@@ -416,13 +441,15 @@ class _Export:
             keys_dropped=self.dropped,
             files=self.files,
             bytes_written=written,
+            warnings=warnings or [],
         )
 
 
 def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
-    from mm_agent.convert.tensors import Scratch, write_index, write_safetensors
+    from mm_agent.convert.tensors import NonFinite, Scratch, write_index, write_safetensors
 
     ex = _Export(req)
+    finite = NonFinite()
     target = Path(req.target)
     if unchanged(target, None, ex.record) is not None:
         return ex.report("unchanged", plan, f"{target} already holds this export; nothing to do")
@@ -431,7 +458,8 @@ def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
         hashes = pool.submit(hash_sources, ex.record.source_root, ex.record.source_files)
         scratch = Scratch(staging.scratch_dir)
         for i, (name, keys) in enumerate(ex.shards.items(), 1):
-            written += write_safetensors(staging.dir / name, ex.shard(keys, scratch), {"format": "pt"})
+            shard = [(k, finite.check(k, t)) for k, t in ex.shard(keys, scratch)]
+            written += write_safetensors(staging.dir / name, shard, {"format": "pt"})
             scratch.clear()
             progress(i, len(ex.shards), f"wrote {name}")
             pause_for_tests()
@@ -442,7 +470,8 @@ def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
         (staging.dir / CONFIG).write_bytes(ex.origin.config_bytes)
         write_manifest(staging.dir, ex.record.manifest(hashes.result()))
         staging.commit(last=[CONFIG, MANIFEST])
-    return ex.report("converted", plan, f"wrote {len(ex.shards)} safetensors file(s) to {target}", written)
+    message = f"wrote {len(ex.shards)} safetensors file(s) to {target}"
+    return ex.report("converted", plan, message, written, finite.warnings())
 
 
 def _hf_bytes(p: Param, index: int, parts: list[torch.Tensor]) -> int:

@@ -155,6 +155,10 @@ class ConvertReport(_Model):
     seconds: float = 0.0
     peak_rss_bytes: int | None = None
     verify: VerifyReport | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what converted but looks wrong (NaN/Inf in the weights, naming the tensors)",
+    )
 
 
 class VerifyReport(_Model):

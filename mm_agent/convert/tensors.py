@@ -134,6 +134,12 @@ class Scratch:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"t{next(self._counter)}.bin"
         self._files.append(path)
+        # blocks allocated now: a full disk is an ENOSPC here, not a SIGBUS when a page is first written
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, numel * dtype.itemsize)
+        finally:
+            os.close(fd)
         return torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -249,6 +255,67 @@ def _kernel_copy(where: tuple[str, int], fd: int, offset: int, nbytes: int) -> b
         raise
     finally:
         os.close(src)
+
+
+NONFINITE_CHUNK = 1 << 22  # elements checked at once: temporaries (a float8 upcast, bool masks) stay small
+
+
+def nonfinite(tensor: torch.Tensor) -> tuple[int, int]:
+    """(NaN count, Inf count) of a floating tensor, read in chunks (no whole-tensor temporaries); (0, 0) for
+    other dtypes. Most tensors are all finite, which the sum of a chunk shows (NaN and Inf propagate through
+    it; one reduction, no mask per element): only a chunk whose sum is not finite is counted exactly."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return 0, 0
+    flat = tensor.reshape(-1)
+    nan = inf = 0
+    for start in range(0, flat.numel(), NONFINITE_CHUNK):
+        chunk = flat[start : start + NONFINITE_CHUNK]
+        if chunk.dtype.itemsize == 1:  # float8: no CPU kernels for these checks
+            chunk = chunk.float()
+        wide = torch.float64 if chunk.dtype == torch.float64 else torch.float32  # fp16 sums overflow in fp16
+        if bool(torch.isfinite(chunk.sum(dtype=wide))):
+            continue
+        nan += int(torch.isnan(chunk).sum())
+        inf += int(torch.isinf(chunk).sum())
+    return nan, inf
+
+
+class NonFinite:
+    """The tensors a conversion wrote that hold NaN or Inf: converted as they are, reported as a warning.
+
+    A checkpoint saved after the loss diverged, or damaged in transit, converts without error, and the
+    training that loads it fails much later with a NaN loss; the report says so now, naming the tensors.
+    Each name is checked once (TP ranks read the same source tensor again)."""
+
+    MAX_LISTED = 10
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[int, int]] = {}
+        self._seen: set[str] = set()
+
+    def check(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if name not in self._seen:
+            self._seen.add(name)
+            nan, inf = nonfinite(tensor)
+            if nan or inf:
+                self.found[name] = (nan, inf)
+        return tensor
+
+    def warnings(self) -> list[str]:
+        if not self.found:
+            return []
+
+        def counts(nan: int, inf: int) -> str:
+            return ", ".join(p for p in (f"{nan} NaN" if nan else "", f"{inf} Inf" if inf else "") if p)
+
+        listed = [f"{name} ({counts(*c)})" for name, c in list(self.found.items())[: self.MAX_LISTED]]
+        more = len(self.found) - len(listed)
+        return [
+            f"{len(self.found)} tensor(s) hold NaN or Inf values, converted as they are: {', '.join(listed)}"
+            + (f" and {more} more" if more else "")
+            + "; training from them gives a NaN loss: check the source (a checkpoint saved after the loss "
+            "diverged, or a damaged download: re-download or re-export it)"
+        ]
 
 
 def tensor_crc32(tensor: torch.Tensor) -> int:

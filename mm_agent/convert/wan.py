@@ -43,6 +43,7 @@ from mm_agent.convert.native import (
 )
 from mm_agent.convert.plan import NativeLayout
 from mm_agent.convert.schema import ConvertPlan, ConvertReport, ConvertRequest, KeyChange, Manifest, RankFile
+from mm_agent.convert.shapes import check_shapes
 from mm_agent.errors import MMAgentError
 
 if TYPE_CHECKING:
@@ -86,6 +87,13 @@ class _HFPlan:
     def __init__(self, req: ConvertRequest):
         mapping = _mapping(req)
         self.source = read_hf_source(Path(req.source))
+        where = self.source.where
+        check_shapes(  # a transposed or reshaped tensor would be renamed as it is
+            mapping.shapes,
+            {name: info.shape for name, (_, info) in where.items()},
+            self.source.config,
+            {name: str(header.path) for name, (header, _) in where.items()},
+        )
         self.kept, self.dropped = map_names(mapping, list(self.source.where), "hf_to_mm")
         num_layers = count_layers(list(self.kept.values()), mapping)
         configured = (self.source.config or {}).get(mapping.num_layers_field)
@@ -147,7 +155,17 @@ def hf_to_mm(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
         return readers[hp.source.where[hf_name][0].path].get(hf_name)
 
     next_hf = {mm: hf for hf, mm in hp.kept.items()}
-    return _write_mm(req, plan, record, hp.split, hp.placement, tensor, progress, _dropped(hp.dropped))
+    return _write_mm(
+        req,
+        plan,
+        record,
+        hp.split,
+        hp.placement,
+        tensor,
+        progress,
+        _dropped(hp.dropped),
+        source_names=next_hf,
+    )
 
 
 def _readers(source: HFSource) -> dict[Path, Any]:
@@ -165,13 +183,16 @@ def _write_mm(
     tensor: Callable[[str, Scratch], torch.Tensor],
     progress: Progress,
     dropped: list[KeyChange],
+    *,
+    source_names: dict[str, str] | None = None,
 ) -> ConvertReport:
     """Write the MM layout stage by stage into a staging dir, then the manifest, then the tracker.
 
     `tensor(name, scratch)` gives each tensor when its stage is written; one it computes (a LoRA merge) goes
-    into `scratch`, which is emptied after every rank file."""
+    into `scratch`, which is emptied after every rank file. Tensors holding NaN/Inf are reported as a
+    warning, by their `source_names` (the user's own key) when given."""
     from mm_agent.convert.mmio import save_stage
-    from mm_agent.convert.tensors import Scratch
+    from mm_agent.convert.tensors import NonFinite, Scratch
 
     target = Path(req.target)
     if unchanged(target, TRACKER, record) is not None:
@@ -184,6 +205,8 @@ def _write_mm(
             files=record.files,
         )
     written = 0
+    finite = NonFinite()
+    names = source_names or {}
     with ThreadPoolExecutor(1) as pool, Staging(target) as staging:
         hashes = pool.submit(hash_sources, record.source_root, record.source_files)
         scratch = Scratch(staging.scratch_dir)
@@ -191,7 +214,7 @@ def _write_mm(
             chunks: list[dict[str, torch.Tensor]] = [{} for _ in range(split.chunks)]
             for name, (s, chunk, local) in placement.items():
                 if s == stage:
-                    chunks[chunk][local] = tensor(name, scratch)
+                    chunks[chunk][local] = finite.check(names.get(name, name), tensor(name, scratch))
             written += save_stage(staging.dir / entry.path, chunks, split.vpp, scratch)
             del chunks
             scratch.clear()
@@ -208,6 +231,7 @@ def _write_mm(
         keys_dropped=dropped,
         files=record.files,
         bytes_written=written,
+        warnings=finite.warnings(),
     )
 
 
@@ -423,7 +447,7 @@ def _plan_mm_to_hf(req: ConvertRequest) -> NativeLayout:
 
 def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> ConvertReport:
     from mm_agent.convert.mmio import load_merged
-    from mm_agent.convert.tensors import write_index, write_safetensors
+    from mm_agent.convert.tensors import NonFinite, write_index, write_safetensors
 
     mapping = _mapping(req)
     ckpt, manifest = _mm_source(req)
@@ -466,11 +490,12 @@ def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
             files=files,
         )
     written = 0
+    finite = NonFinite()
     with ThreadPoolExecutor(1) as pool, Staging(target) as staging:
         hashes = pool.submit(hash_sources, record.source_root, record.source_files)
         for i, (name, keys) in enumerate(shards.items(), 1):
             written += write_safetensors(
-                staging.dir / name, [(k, tensors[k]) for k in keys], {"format": "pt"}
+                staging.dir / name, [(k, finite.check(k, tensors[k])) for k in keys], {"format": "pt"}
             )
             progress(i, len(shards), f"wrote {name}")
             pause_for_tests()
@@ -488,6 +513,7 @@ def mm_to_hf(req: ConvertRequest, plan: ConvertPlan, progress: Progress) -> Conv
         keys_dropped=changes,
         files=files,
         bytes_written=written,
+        warnings=finite.warnings(),
     )
 
 

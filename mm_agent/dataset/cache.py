@@ -9,9 +9,11 @@ rewritten compactly once it holds more stale lines than live ones.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,7 +21,7 @@ from mm_agent.procs import state_dir
 
 
 def cache_path(root: Path) -> Path:
-    key = hashlib.sha256(str(root).encode()).hexdigest()[:24]
+    key = hashlib.sha256(os.fsencode(root)).hexdigest()[:24]  # (the name's bytes: it may not be UTF-8)
     return state_dir() / "datasets" / f"{key}.jsonl"
 
 
@@ -69,8 +71,14 @@ class ProbeCache:
         if live is not None:
             self.entries = {k: v for k, v in self.entries.items() if k in live}
         if self._lines > 2 * max(len(self.entries), 1) and self.path.exists():
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            with tmp.open("w", encoding="utf-8") as fh:
-                for rel, probe in self.entries.items():
-                    fh.write(json.dumps({"rel": rel, "probe": probe}, separators=(",", ":")) + "\n")
-            tmp.replace(self.path)
+            # a random temp name: calls of one server (threads of one process) may compact the same cache
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    for rel, probe in self.entries.items():
+                        fh.write(json.dumps({"rel": rel, "probe": probe}, separators=(",", ":")) + "\n")
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise

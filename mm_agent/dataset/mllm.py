@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mm_agent import cancel
 from mm_agent.dataset.cache import ProbeCache
 from mm_agent.dataset.conversations import Attr, Refusal, placeholders, to_mllm
 from mm_agent.dataset.index_files import IndexRow
@@ -55,6 +56,7 @@ def _image_item(run: _Run, written: str, label: str) -> Item:
 def _chunks(rows: Iterator[IndexRow]) -> Iterator[list[IndexRow]]:
     chunk: list[IndexRow] = []
     for row in rows:
+        cancel.check()  # an abandoned call stops reading its index here
         chunk.append(row)
         if len(chunk) >= CHUNK:
             yield chunk

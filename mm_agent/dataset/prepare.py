@@ -18,15 +18,19 @@ import math
 import multiprocessing
 import os
 import re
+import shlex
 import statistics
 import tempfile
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import IO, Any
 
+from mm_agent import cancel
 from mm_agent.dataset.cache import ProbeCache
 from mm_agent.dataset.index_files import IndexRow
 from mm_agent.dataset.limits import ClipLimits, ClipPlan, Refusal, plan_clip, small_groups
@@ -36,6 +40,7 @@ from mm_agent.dataset.schema import DatasetRequest, DatasetResult, DatasetStats,
 from mm_agent.dataset.target import Target, resolve_target
 from mm_agent.dataset.write import AtomicFile, check_writable, write_bytes
 from mm_agent.errors import MMAgentError
+from mm_agent.names import is_utf8, rename_fix, shown
 from mm_agent.paths import confine, resolve
 
 Progress = Callable[[int, int, str], None]
@@ -95,18 +100,41 @@ def _require(module: str, what: str) -> None:
 
 
 class _Pool:
-    """Probe results in submission order, with at most `window` batches in flight (memory stays flat)."""
+    """Probe results in submission order, with at most `window` batches in flight (memory stays flat).
+
+    Made inside a server call, the pool ends itself when the call is cancelled (`cancel.on_cancel`):
+    pending batches are dropped and the workers killed mid-probe, and the waiting scan raises `Cancelled`."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.executor: ProcessPoolExecutor | None = None
         self.window = workers * 4
+        self._lock = threading.Lock()
+        self._killed = False
+        self._unhook = cancel.on_cancel(self.kill)
 
     def _exec(self) -> ProcessPoolExecutor:
-        if self.executor is None:
-            ctx = multiprocessing.get_context("spawn")  # never fork the (threaded) server
-            self.executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_quiet)
-        return self.executor
+        with self._lock:
+            if self._killed:
+                cancel.check()  # (killed only by a cancellation)
+            if self.executor is None:
+                ctx = multiprocessing.get_context("spawn")  # never fork the (threaded) server
+                self.executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_quiet)
+            return self.executor
+
+    def kill(self) -> None:
+        """End the pool now (the call was cancelled): pending batches dropped, workers killed and reaped."""
+        with self._lock:
+            self._killed = True
+            executor = self.executor
+        if executor is None:
+            return
+        workers = list((executor._processes or {}).values())  # (no public way to end busy workers)
+        executor.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.kill()
+        for worker in workers:
+            worker.join(5)
 
     def map(self, batches: Iterator[list[Item]]) -> Iterator[tuple[Item, dict[str, Any] | None]]:
         """(item, fresh probe) per item, in order; the probe is None for items with a problem or a cache hit."""
@@ -124,14 +152,23 @@ class _Pool:
         entry: tuple[list[Item], Future[list[dict[str, Any]]] | None],
     ) -> Iterator[tuple[Item, dict[str, Any] | None]]:
         batch, fut = entry
-        results = iter(fut.result() if fut is not None else [])
+        try:
+            results = iter(fut.result() if fut is not None else [])
+        except (BrokenProcessPool, CancelledError):
+            cancel.check()  # the pool was killed because the call was cancelled: say so
+            raise
         for item in batch:
             yield item, next(results) if _needs(item) else None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._exec().submit(fn, *args).result()
+        try:
+            return self._exec().submit(fn, *args).result()
+        except (BrokenProcessPool, CancelledError):
+            cancel.check()
+            raise
 
     def close(self) -> None:
+        self._unhook()
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
 
@@ -153,6 +190,13 @@ class _Run:
         if not self.dir.is_dir():
             raise MMAgentError(
                 f"{self.dir} is not a folder", field="dir", fix="pass the folder that holds the videos/images"
+            )
+        if not is_utf8(str(self.dir)):  # (its real path: a UTF-8 symlink may lead there)
+            raise MMAgentError(
+                f"the folder {shown(str(self.dir))} has a name that is not UTF-8 (bytes shown as \\xNN): "
+                "decord (MindSpeed-MM's video reader) cannot open its clips and data.txt cannot name it",
+                field="dir",
+                fix=rename_fix(self.dir.parent),
             )
         self.target: Target = resolve_target(req, self.base, root)
         out = req.out or str(self.dir / "data.json")
@@ -179,7 +223,9 @@ class _Run:
     # -- per item ------------------------------------------------------------------------------------
     def reject(self, rel: str, code: str, reason: str, fix: str | None = None) -> None:
         self.reasons[code] += 1
-        self.rejected.append(Rejected(path=rel, reason=reason, fix=fix or FIXES.get(code, FIXES["record"])))
+        default = rename_fix(self.dir) if code == "name_not_utf8" else FIXES.get(code, FIXES["record"])
+        # a name that is not UTF-8 is shown escaped (\xff), never carried as text that cannot be written
+        self.rejected.append(Rejected(path=shown(rel), reason=shown(reason), fix=shown(fix or default)))
 
     def check_probe(self, item: Item, probe: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
         """The index record of a probed item and the sample size MindSpeed-MM trains it at ('' for an
@@ -290,6 +336,7 @@ class _Run:
 def _batches(items: Iterator[Item], cache: ProbeCache, run: _Run) -> Iterator[list[Item]]:
     batch: list[Item] = []
     for item in items:
+        cancel.check()  # an abandoned call stops scanning here
         run.found += 1
         if item.problem is None:
             item.probe = cache.get(item.rel, item.size, item.mtime_ns)
@@ -306,10 +353,36 @@ def _count(run: _Run) -> int:
     reads: its videos, or its images when it holds none."""
     if run.req.index:
         return 0  # an index is read once, streaming; progress has no total then
-    found = Counter(media_kind(n) for _, _, names in os.walk(run.dir) for n in names)
+    found: Counter[str | None] = Counter()
+    for _, _, names in os.walk(run.dir):
+        cancel.check()  # an abandoned call stops counting here
+        found.update(media_kind(n) for n in names)
     if run.target.kind != "image-text":
         run._kinds = {"video"} if found["video"] else {"image"}
     return sum(found[kind] for kind in run.kinds())
+
+
+def _rerun_argv(run: _Run) -> list[str]:
+    """`mm-agent dataset` with this dry run's request and `--yes`: every path absolute (the command is run
+    from anywhere) and each one argument (shlex.join quotes it)."""
+    req = run.req
+    argv = ["mm-agent", "dataset", str(run.dir), "--model", run.target.model, "--task", run.target.task]
+    if run.target.job_dir is not None:
+        argv += ["--job", run.target.job_dir]
+    if req.index:
+        index = confine(req.index, run.root, "index") if run.root else resolve(run.base / req.index, "index")
+        argv += ["--index", str(index)]
+    if req.out:
+        argv += ["--out", str(run.out)]
+    flags: dict[str, str | int | None] = {"size": req.size, "mm_version": req.mm_version}
+    flags |= {"runtime": req.runtime}
+    flags |= {"path_column": req.path_column, "caption_column": req.caption_column}
+    flags |= {"num_frames": req.num_frames, "frame_interval": req.frame_interval, "text_len": req.text_len}
+    flags |= {"max_height": req.max_height, "max_width": req.max_width}
+    for name, value in flags.items():
+        if value is not None:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    return [*argv, "--yes"]
 
 
 def prepare_dataset(
@@ -351,7 +424,7 @@ def _prepare_clips(run: _Run, pool: _Pool, t0: float) -> DatasetResult:
             for item, probe in pool.map(_batches(run.items(), cache, run)):
                 done += 1
                 if on_progress is not None and (done % 16 == 0 or done == total):
-                    on_progress(done, total, item.rel)
+                    on_progress(done, total, shown(item.rel))
                 if item.problem is not None:
                     run.reject(item.rel, item.problem, item.detail or _problem_text(item.problem), None)
                     continue
@@ -465,6 +538,7 @@ def _problem_text(code: str) -> str:
     return {
         "no_caption": "no caption (no .txt file of the same name, or it is empty)",
         "caption_not_utf8": "the caption file is not UTF-8",
+        "name_not_utf8": "its name is not UTF-8 (bytes shown as \\xNN), so data.json cannot name it",
         "caption_too_long": "the caption file is over 64 KiB",
         "caption_unreadable": "the caption file cannot be read",
         "outside_roots": "its real path is outside the allowed roots (a symlink out of the workspace)",
@@ -477,6 +551,13 @@ def _data_txt(run: _Run) -> None:
     """`<dataset root>,<data.json>`: MindSpeed-MM splits the line on commas, so neither may hold one."""
     assert run.data_txt is not None
     for label, path in (("dir", run.dir), ("out", run.out)):
+        if not is_utf8(str(path)):
+            raise MMAgentError(
+                f"{shown(str(path))} holds a name that is not UTF-8, which MindSpeed-MM's data.txt reader "
+                "(UTF-8 text) cannot hold",
+                field=label,
+                fix=rename_fix(path.parent),
+            )
         if "," in str(path):
             raise MMAgentError(
                 f"{path} holds a comma, which MindSpeed-MM's data.txt reader splits on",
@@ -539,15 +620,17 @@ def _result(
     )
     steps: list[str] = []
     if run.accepted:
-        yes = "" if written else " --yes"
         if not written:
-            steps.append(
-                f"mm-agent dataset {run.dir} --model {run.target.model} --task {run.target.task}{yes}"
-            )
+            steps.append(shlex.join(_rerun_argv(run)))
         if run.target.job_dir is None:
             steps.append(
-                f"mm-agent render {run.target.model} --task {run.target.task} --dataset-dir {run.dir} "
-                f"--dataset-file {run.out} --out jobs/{run.target.model}-{run.target.task}"
+                shlex.join(
+                    [
+                        *("mm-agent", "render", run.target.model, "--task", run.target.task),
+                        *("--dataset-dir", str(run.dir), "--dataset-file", str(run.out)),
+                        *("--out", f"jobs/{run.target.model}-{run.target.task}"),
+                    ]
+                )
             )
     return DatasetResult(
         ok=run.accepted > 0,

@@ -3,7 +3,8 @@
 A directory is walked recursively in sorted order (so the written index and a re-run's are the same), each
 directory once by (device, inode) so a symlink loop cannot trap the walk, and a file whose real path leaves
 the allowed roots is reported instead of read. A caption is the `.txt` file of the same stem beside the media
-(`clip.mp4` -> `clip.txt`), read as UTF-8 up to `CAPTION_BYTES`.
+(`clip.mp4` -> `clip.txt`), read as UTF-8 up to `CAPTION_BYTES`. A file whose name (or folder's name) is not
+UTF-8 is reported, not read: the index is UTF-8 JSON, so no record could name it as MindSpeed-MM reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mm_agent import cancel
 from mm_agent.dataset.probe import IMAGE_EXTS, VIDEO_EXTS
+from mm_agent.names import is_utf8
 from mm_agent.paths import owning_root
 
 CAPTION_BYTES = 64 * 1024  # a caption is a sentence or a paragraph; more is a mistake
@@ -109,6 +112,7 @@ def walk(root: Path, workspace: Path | None, kinds: set[str], *, captions: bool 
         folder_inside = workspace is None or owning_root(Path(real_folder), workspace) is not None
         sidecars = {e.name: e for e in entries if e.name.endswith(".txt")} if captions else {}
         for entry in entries:
+            cancel.check()  # an abandoned call stops scanning here
             name_rel = f"{rel}{entry.name}"
             try:
                 is_dir = entry.is_dir()
@@ -123,6 +127,10 @@ def walk(root: Path, workspace: Path | None, kinds: set[str], *, captions: bool 
             if kind not in kinds:
                 continue
             item = Item(rel=name_rel, path=entry.path)
+            if not is_utf8(name_rel):  # (its folder's name, or its own): data.json cannot hold it as UTF-8
+                item.problem = "name_not_utf8"
+                yield item
+                continue
             try:
                 if linked:
                     real = Path(entry.path).resolve(strict=True)

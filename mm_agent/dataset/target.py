@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from mm_agent import yamlload
 from mm_agent.dataset.limits import OPENSORAPLAN, ClipLimits, limits_from_config
 from mm_agent.dataset.schema import DatasetRequest, IndexKind
 from mm_agent.errors import MMAgentError
@@ -117,6 +118,24 @@ def _job_files(job: Path, root: Path | None) -> dict[str, str]:
     return files
 
 
+def _job_spec(text: str, path: Path) -> dict[str, Any]:
+    """The fields of a job's job.yaml, read by the bounded loader (an alias bomb there is refused, not
+    expanded by `str()` of a field); unreadable YAML or a non-mapping is an error naming the file."""
+    try:
+        spec = yamlload.safe_load(text) or {}
+    except yamlload.YAMLLimit as exc:
+        raise MMAgentError(f"cannot read job spec: {exc.message}", file=str(path), fix=exc.fix) from None
+    except yaml.YAMLError as exc:
+        raise MMAgentError(
+            f"cannot read job spec: {exc}", file=str(path), fix="pass the job.yaml of a rendered job"
+        ) from None
+    if not isinstance(spec, dict):
+        raise MMAgentError(
+            "job spec is not a mapping of fields", file=str(path), fix="pass the job.yaml of a rendered job"
+        )
+    return spec
+
+
 def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target:
     if req.job_dir:
         job = confine(req.job_dir, root, "job_dir") if root else resolve(base / req.job_dir, "job_dir")
@@ -127,15 +146,15 @@ def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target
                 field="job_dir",
                 fix="pass a directory written by render_job (mm-agent render ...), or leave job_dir out",
             )
-        spec = yaml.safe_load(files["job.yaml"]) or {}
-        model, task = str(spec.get("model", req.model)), str(spec.get("task", req.task or ""))
+        job_spec = _job_spec(files["job.yaml"], job / "job.yaml")
+        model, task = str(job_spec.get("model", req.model)), str(job_spec.get("task", req.task or ""))
         if model != req.model:
             raise MMAgentError(
                 f"the job renders {model}, not {req.model}",
                 field="model",
                 fix=f"pass model={model}, or the job of {req.model}",
             )
-        target = _from_files(files, model, task, str(spec.get("runtime", "mindspeed-mm")), str(job), req)
+        target = _from_files(files, model, task, str(job_spec.get("runtime", "mindspeed-mm")), str(job), req)
         target.job_dir = str(job)
         return target
     from mm_agent.render import RenderRequest, render_job  # render pulls in the templates; only here

@@ -5,15 +5,25 @@ Each output goes to a temporary name in its folder (opened from the root one com
 `.tmp` file, never a half-written index that looks valid. A file already at the final name is replaced only
 when mm-agent wrote it (its SHA-256 is in the ledger in mm-agent's state directory) or it already holds the
 same bytes; anything else is the user's, and the write is refused with the fix.
+
+Calls of one server are threads of one process, and several servers can share a state directory, so temp
+names carry a random part (never the pid alone), and a file's check, its ledger entry and its rename happen
+under one lock on the ledger (`flock`, which also excludes threads: each holds its own open file). Another
+call then never finds a file mm-agent just wrote missing from the ledger, nor loses an entry to a concurrent
+rewrite of the ledger.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import secrets
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from mm_agent.errors import MMAgentError, os_error
@@ -35,14 +45,35 @@ def _ledger() -> dict[str, str]:
         return {}
 
 
+@contextlib.contextmanager
+def _ledger_lock() -> Iterator[None]:
+    """Held while a file is checked against the ledger and published: writers of one state directory (threads
+    of a server, other processes) go one at a time through check, ledger update and rename."""
+    lock = _ledger_path().with_name("written.json.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
 def _remember(path: Path, digest: str) -> None:
+    """Record `digest` as mm-agent's bytes at `path` (call under `_ledger_lock`)."""
     ledger = _ledger()
     ledger[str(path)] = digest
     target = _ledger_path()
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(ledger, indent=0), encoding="utf-8")
-    tmp.replace(target)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(ledger, indent=0))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _existing_digest(fd: int, name: str) -> str | None:
@@ -91,7 +122,8 @@ def check_writable(path: Path, root: Path | None, new_digest: str | None = None)
     except (MMAgentError, OSError):
         return "new"  # the folder does not exist yet: created on write (confinement is checked then)
     try:
-        return _state(fd, path, new_digest)
+        with _ledger_lock():
+            return _state(fd, path, new_digest)
     finally:
         os.close(fd)
 
@@ -101,12 +133,27 @@ class AtomicFile:
 
     def __init__(self, path: Path, root: Path | None) -> None:
         self.path = path
-        self.tmp = f".{path.name}.{os.getpid()}.tmp"
         try:
             self.fd = open_dir(path.parent, root, "out", create=True)
-            raw = os.open(self.tmp, _CREATE, 0o644, dir_fd=self.fd)
         except OSError as exc:
             raise os_error(exc, file=str(path), field="out") from None
+        for attempt in range(8):  # a random name taken already (another call's) is only tried again
+            self.tmp = f".{path.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                raw = os.open(self.tmp, _CREATE, 0o644, dir_fd=self.fd)
+                break
+            except FileExistsError:
+                if attempt == 7:
+                    os.close(self.fd)
+                    raise MMAgentError(
+                        f"no free temporary name beside {path}",
+                        file=str(path),
+                        field="out",
+                        fix="remove the .*.tmp files left in that folder, then retry",
+                    ) from None
+            except OSError as exc:
+                os.close(self.fd)
+                raise os_error(exc, file=str(path), field="out") from None
         self.fh = os.fdopen(raw, "wb")
         self.digest = hashlib.sha256()
 
@@ -121,18 +168,26 @@ class AtomicFile:
         os.fsync(self.fh.fileno())
         self.fh.close()
         digest = self.digest.hexdigest()
-        try:
-            state = _state(self.fd, self.path, digest)
-        except MMAgentError:
-            self.abort()
-            raise
-        if state == "same":
-            self.abort()
-            _remember(self.path, digest)
-            return "unchanged"
-        os.replace(self.tmp, self.path.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        with _ledger_lock():
+            try:
+                state = _state(self.fd, self.path, digest)
+            except MMAgentError:
+                self.abort()
+                raise
+            try:  # before the rename: a crash in between leaves no unrecorded file of ours
+                _remember(self.path, digest)
+            except OSError as exc:
+                self.abort()
+                raise os_error(exc, file=str(_ledger_path())) from None
+            if state == "same":
+                self.abort()
+                return "unchanged"
+            try:
+                os.replace(self.tmp, self.path.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            except OSError as exc:
+                self.abort()
+                raise os_error(exc, file=str(self.path), field="out") from None
         os.close(self.fd)
-        _remember(self.path, digest)
         return "written"
 
     def abort(self) -> None:

@@ -69,7 +69,7 @@ def sources_of(req: DiagnoseRequest, root: Path | None) -> tuple[list[Source], l
         # against the runs mm-agent recorded, is what makes it readable over MCP.
         from mm_agent.runs import LOG, run_dir_for
 
-        log = run_dir_for(req.run_id) / LOG
+        log = run_dir_for(req.run_id, root) / LOG  # with a workspace: only a run of that workspace
         if not log.is_file():
             raise MMAgentError(f"run {req.run_id} has no log yet", file=str(log), fix="wait for it to start")
         sources.append(Source(name=f"{req.run_id}/{LOG}", path=log))

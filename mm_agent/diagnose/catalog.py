@@ -3,12 +3,19 @@
 A bad file fails with the file, the rule id and the field (node-problem-detector's `ValidateRules`, but
 naming the rule). Triggers must also compile under RE2 when it is installed, since the scanner's
 prefilter runs them there.
+
+Which signatures explain a line (`match_line`) goes by precedence, most telling first: a noise signature
+(a line healthy runs print too) takes the line from every other one, so a notice that happens to contain
+"Name or service not known" never becomes a missing dependency; then the rules whose context holds (a
+SIGKILL while the checkpoint loads is the host OOM killer's); then the specific rules; the generic
+catch-alls only when nothing else matched.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +36,22 @@ class CompiledSignature:
     triggers: tuple[re.Pattern[str], ...]
     patterns: tuple[re.Pattern[str], ...]
     details: tuple[re.Pattern[str], ...] = ()
+    during: tuple[re.Pattern[str], ...] = ()  # the rule's context (`Context.during` / `Context.after`)
+    after: tuple[re.Pattern[str], ...] = ()
+
+    def in_context(self, before: Sequence[str]) -> bool:
+        """Whether the lines logged before a hit (oldest first) put this rule in its context: the latest of
+        the last `context.lines` non-blank ones that matches `during` or `after` matches `during`."""
+        context = self.sig.context
+        if context is None:
+            return True
+        recent = [line for line in before if line.strip()][-context.lines :]
+        for line in reversed(recent):
+            if any(p.search(line) for p in self.during):
+                return True
+            if any(p.search(line) for p in self.after):
+                return False
+        return False
 
     def detail(self, line: str) -> dict[str, str] | None:
         """The groups of the first detail pattern that matches `line` (a line right after a hit)."""
@@ -119,6 +142,14 @@ def load_signature(path: Path) -> CompiledSignature:
         triggers=tuple(_compile(path, sig.id, f"triggers.{i}", s) for i, s in enumerate(sig.triggers)),
         patterns=tuple(_compile(path, sig.id, f"patterns.{i}", s) for i, s in enumerate(sig.patterns)),
         details=tuple(_compile(path, sig.id, f"details.{i}", s) for i, s in enumerate(sig.details)),
+        during=tuple(
+            _compile(path, sig.id, f"context.during.{i}", s)
+            for i, s in enumerate(sig.context.during if sig.context else [])
+        ),
+        after=tuple(
+            _compile(path, sig.id, f"context.after.{i}", s)
+            for i, s in enumerate(sig.context.after if sig.context else [])
+        ),
     )
 
 
@@ -156,14 +187,36 @@ def get_catalog() -> tuple[CompiledSignature, ...]:
     return load_catalog()
 
 
+Matches = list[tuple[CompiledSignature, re.Match[str]]]
+
+
 def match_line(
-    line: str, catalog: tuple[CompiledSignature, ...] | None = None
-) -> list[tuple[CompiledSignature, re.Match[str]]]:
-    """Signatures that explain `line`: every specific one that matches, or the generic ones if none did."""
-    specific: list[tuple[CompiledSignature, re.Match[str]]] = []
-    generic: list[tuple[CompiledSignature, re.Match[str]]] = []
+    line: str,
+    catalog: Sequence[CompiledSignature] | None = None,
+    before: Callable[[], Sequence[str]] | None = None,
+) -> Matches:
+    """Signatures that explain `line`, by precedence (module docstring): the noise ones that match, else
+    the rules whose context holds, else every specific one, else the generic ones.
+
+    `before` gives the lines logged before this one (oldest first), asked only when a rule with a context
+    matches; without it those rules never apply.
+    """
+    noise: Matches = []
+    placed: Matches = []
+    specific: Matches = []
+    generic: Matches = []
+    window: Sequence[str] | None = None
     for entry in catalog if catalog is not None else get_catalog():
         m = entry.match(line)
-        if m:
+        if not m:
+            continue
+        if entry.sig.effect == "noise":
+            noise.append((entry, m))
+        elif entry.sig.context is not None:
+            if before is not None:
+                window = before() if window is None else window
+                if entry.in_context(window):
+                    placed.append((entry, m))
+        else:
             (generic if entry.sig.generic else specific).append((entry, m))
-    return specific or generic
+    return noise or placed or specific or generic

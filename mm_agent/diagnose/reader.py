@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from mm_agent import cancel, names
 from mm_agent.diagnose.ranks import rank_from_path
 from mm_agent.diagnose.scan import FileScan, ScanContext
 from mm_agent.diagnose.walk import walk
@@ -102,7 +103,9 @@ def collect(paths: list[str], root: Path | None) -> tuple[list[Source], list[str
             sources.append(Source(name="<stdin>"))
             continue
         path = confine(raw, root, "paths") if root is not None else Path(raw).expanduser()
-        shown = str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else raw
+        shown = names.shown(
+            str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else raw
+        )
         if _is_dir(path, raw, root):
             found = walk(path, shown, root, skipped)
             sources.extend(Source(name=label, path=p, walked=True, root=root) for p, label in found)
@@ -164,6 +167,7 @@ def read_source(ctx: ScanContext, source: Source, index: int) -> None:
             if n == 0 and source.walked and b"\x00" in block[:BINARY_SNIFF]:
                 ctx.skipped.append(f"{source.name} (binary)")
                 return
+            cancel.check()  # an abandoned call stops reading here
             read += len(block)
             scan.feed(block)
         capped = limit is not None and read >= limit and _more(stream)

@@ -26,6 +26,7 @@ LOOKBACK = 16 * 1024  # bytes searched back for the timestamp of a hit line that
 EVIDENCE_CHARS = 500
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _NAN_MARK = b"nan iterations"
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass
@@ -192,15 +193,25 @@ class FileScan:
             self._long_line(line)
         raw = buf[lo:hi]
         if _NAN_MARK in raw:
-            self.ctx.progress.nan_line(raw.decode("utf-8", "replace"))
+            self.ctx.progress.nan_line(raw.decode("utf-8", "backslashreplace"))
         candidates = self.ctx.prefilter.candidates(raw)
         if not candidates:
             return
-        text = raw.decode("utf-8", "replace")
+        text = raw.decode("utf-8", "backslashreplace")  # bytes that are not UTF-8 as \xNN, as names are shown
         if self.open is not None and self._detail(self.open, text, line):
             return
-        for entry, m in match_line(text, candidates):
+        for entry, m in match_line(text, candidates, lambda: self._before(buf, line_start)):
             self._record(entry, m, text, line, buf, line_start, raw)
+
+    def _before(self, buf: bytes, line_start: int) -> list[str]:
+        """The lines of this file before a hit line (up to LOOKBACK bytes), oldest first, for the rules that
+        need to know what the log said just before (a SIGKILL while the checkpoint loads)."""
+        lo = line_start - LOOKBACK
+        window = buf[max(0, lo) : line_start]
+        if lo < 0 and self.tail:
+            window = self.tail[lo:] + window
+        lines = _LINE_END.split(window.decode("utf-8", "backslashreplace"))
+        return lines[1:] if len(window) >= LOOKBACK else lines  # the first one may be cut
 
     def _detail(self, open_: _Open, text: str, line: int) -> bool:
         """Whether `line` is a detail line of the open hit (then its groups join the hit's)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Category = Literal[
     "shm_bus_error",
@@ -61,8 +61,13 @@ SignatureStage = Literal[
 Role = Literal["primary", "secondary"]
 
 # fatal: the process dies or hangs; silent: training goes on but is wrong (random init, NaN);
-# warning: worth knowing, not a failure on its own (CPU fallback of an op).
-Effect = Literal["fatal", "silent", "warning"]
+# warning: worth knowing, not a failure on its own (CPU fallback of an op); noise: a line healthy runs print
+# too (torch's IPv6 lookup notice, exit-time warnings) that looks like an error: it is listed (category
+# `none`) so nobody mistakes it for the cause, it takes its line from every other signature, and it is never
+# the root cause.
+Effect = Literal["fatal", "silent", "warning", "noise"]
+# The effects of failures: a finding with one of them, seen before a stop from outside, was why it stopped.
+FailureEffect = Literal["fatal", "silent"]
 
 # Fix actions, ordered from the lightest to the heaviest (DLRover's recovery ladder). The fixes of a
 # signature must be listed in this order.
@@ -84,6 +89,38 @@ class Examples(_Frozen):
     match: list[str] = Field(min_length=1, description="log lines this signature must match")
     no_match: list[str] = Field(
         default_factory=list, description="look-alike lines it must not match (healthy or other signatures)"
+    )
+    context: list[str] = Field(
+        default_factory=list,
+        description="for a rule with `context`: lines logged before each `match` line that put it in that "
+        "context (a checkpoint being loaded before a SIGKILL)",
+    )
+    out_of_context: list[str] = Field(
+        default_factory=list,
+        description="for a rule with `context`: lines logged before a `match` line under which the rule must "
+        "not apply (training iterations after the load: that phase was over)",
+    )
+
+
+class Context(_Frozen):
+    """What a log said just before a line, for a rule that only holds in that situation: a SIGKILL while the
+    checkpoint is loading is most likely the host OOM killer; the same SIGKILL mid-training says nothing."""
+
+    lines: int = Field(
+        default=60,
+        ge=1,
+        le=400,
+        description="non-blank lines of the same file before the hit that are looked at (within the "
+        "scanner's 16 KiB look-back)",
+    )
+    during: list[str] = Field(
+        min_length=1,
+        description="Python regexes of the phase the rule needs (`loading checkpoint`, `building ... model`): "
+        "the latest of those lines that matches `during` or `after` must match `during`",
+    )
+    after: list[str] = Field(
+        default_factory=list,
+        description="Python regexes of lines that end that phase (a training iteration line)",
     )
 
 
@@ -149,6 +186,18 @@ class Signature(_Frozen):
         description="rule ids that, when seen anywhere in the inputs, are the cause instead: this finding "
         "then counts as their symptom (a bare SIGKILL yields to the kernel's OOM-killer record)",
     )
+    yields_to_earlier: list[FailureEffect] = Field(
+        default_factory=list,
+        description="effects of other rules' primary findings that, logged before this rule's first line, "
+        "make this finding their consequence: a Ctrl-C or scancel after the loss went NaN is someone "
+        "stopping a run that had already gone wrong. Symptoms (secondary), generic wrappers and rules of "
+        "this rule's own category do not count",
+    )
+    context: Context | None = Field(
+        default=None,
+        description="the lines before a hit that this rule needs; where they hold, it takes the line from "
+        "the rules without a context (a SIGKILL while loading is the host OOM killer's, not an outside kill)",
+    )
     details: list[str] = Field(
         default_factory=list,
         description="Python regexes with named groups for the lines that directly follow a hit (in any order, "
@@ -198,12 +247,24 @@ class Signature(_Frozen):
             raise ValueError(f"fixes must go from the lightest action to the heaviest ({order})")
         return fixes
 
-    @field_validator("category")
-    @classmethod
-    def _not_none(cls, category: str) -> str:
-        if category == "none":
-            raise ValueError("category 'none' is the answer for healthy logs, not a signature category")
-        return category
+    @model_validator(mode="after")
+    def _none_is_noise(self) -> Signature:
+        """Category `none` (nothing is wrong) is for noise, and noise is never a category of failure."""
+        if (self.category == "none") != (self.effect == "noise"):
+            raise ValueError(
+                "category 'none' goes with effect 'noise' and only with it: noise is a healthy line, "
+                "every other effect names a failure's category"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _context_examples(self) -> Signature:
+        """A rule with a context shows its examples after the lines that set it; other rules have none."""
+        if self.context is not None and not self.examples.context:
+            raise ValueError("a rule with a context needs examples.context: the lines before each match line")
+        if self.context is None and (self.examples.context or self.examples.out_of_context):
+            raise ValueError("examples.context and examples.out_of_context are for rules with a context")
+        return self
 
 
 # --- diagnosis result (what diagnose_errors returns) -------------------------------------------------

@@ -6,7 +6,8 @@ opaque "Error executing tool"). This walk keeps its own stack and does not enter
 first and its real path (`/proc/self/fd`) checked against the roots before it is listed through that
 descriptor, so a directory swapped for a symlink mid-walk lists nothing outside. Symlinked directories are
 not followed (no loops); a symlink to a file counts when it resolves inside the roots. Symlink loops,
-broken links, FIFOs, sockets and devices are skipped with the reason, never opened.
+broken links, FIFOs, sockets and devices are skipped with the reason, never opened. A label is what the
+report shows, so a name that is not UTF-8 is escaped in it (`names.shown`); the path keeps the real name.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from mm_agent import cancel
+from mm_agent.names import shown
 from mm_agent.paths import opened_path, owning_root
 
 MAX_DEPTH = 64  # directory levels below a walked path (torchrun and plog trees need about 4)
@@ -44,6 +47,7 @@ def walk(top: Path, shown: str, root: Path | None, skipped: list[str]) -> Iterat
     stack: list[tuple[Path, str, int]] = [(top, shown, 0)]
     too_deep: list[str] = []
     while stack:
+        cancel.check()  # an abandoned call stops walking here
         directory, label, depth = stack.pop()
         listing = _list(directory, label, root, skipped)
         if listing is None:
@@ -84,7 +88,7 @@ def _list(
         files: list[tuple[Path, str]] = []
         dirs: list[tuple[Path, str]] = []
         for name in names:
-            path, sub_label = real / name, os.path.join(label, name)
+            path, sub_label = real / name, os.path.join(label, shown(name))  # a label is text: escaped
             kind = _entry(fd, name, path, root)
             if kind == "dir":
                 dirs.append((path, sub_label))

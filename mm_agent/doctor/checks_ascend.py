@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 
 from mm_agent.doctor.context import Context
@@ -51,7 +52,7 @@ def cann_version(ctx: Context) -> Outcome:
         return fail(
             "CANN toolkit not found",
             f"install the CANN {want or ''} toolkit and the kernels package for your NPU, then "
-            f"`source {ctx.version.cann_env[0]}`".replace("  ", " "),
+            f"`source {shlex.quote(ctx.version.cann_env[0])}`".replace("  ", " "),
             [
                 "looked in $ASCEND_HOME_PATH, $ASCEND_TOOLKIT_HOME and {cann, cann/latest, ascend-toolkit/latest, cann-*} "
                 f"under {', '.join(str(b) for b in ascend_bases(ctx.env))}"
@@ -168,14 +169,14 @@ def cann_env(ctx: Context) -> Outcome:
     if home_var is None and toolkit is None:
         return fail(
             "CANN is neither installed nor sourced",
-            f"install the CANN toolkit{' ' + ctx.version.cann if ctx.version.cann else ''}, then `source {script}`",
+            f"install the CANN toolkit{' ' + ctx.version.cann if ctx.version.cann else ''}, then `source {shlex.quote(str(script))}`",
             evidence,
         )
     if home_var is None or hccl is None:
         where = f" (installed at {toolkit.root})" if toolkit else ""
         return fail(
             f"CANN environment not sourced in this shell{where}",
-            f"source {script} (in every shell and in the launch script; `docker exec` and non-interactive "
+            f"`source {shlex.quote(str(script))}` (in every shell and in the launch script; `docker exec` and non-interactive "
             "shells skip .bashrc)",
             evidence,
         )
@@ -184,7 +185,7 @@ def cann_env(ctx: Context) -> Outcome:
     if site.is_dir() and not any(Path(p) == site for p in pythonpath):
         return fail(
             "PYTHONPATH lacks CANN's python/site-packages: it was overwritten after sourcing set_env.sh",
-            f"prepend instead of overwriting (`export PYTHONPATH=...:$PYTHONPATH`), then source {script} again; "
+            f"prepend instead of overwriting (`export PYTHONPATH=...:$PYTHONPATH`), then `source {shlex.quote(str(script))}` again; "
             "otherwise `No module named 'acl'`",
             [*evidence, f"expected on PYTHONPATH: {site}"],
         )
@@ -206,13 +207,13 @@ def nnal_env(ctx: Context) -> Outcome:
     if exists:
         return verdict(
             "NNAL is installed but its environment is not sourced",
-            f"source {script} (after CANN's set_env.sh)",
+            f"`source {shlex.quote(str(script))}` (after CANN's set_env.sh)",
             evidence,
         )
     if cann_toolkit(ctx.env) is None and not required:
         return skip("no CANN toolkit; NNAL is not part of this MM version's documented setup", evidence)
     return verdict(
         "NNAL (ATB) is not installed: `OSError: libatb.so: cannot open shared object file`",
-        f"install the NNAL package of the same CANN release after sourcing CANN's set_env.sh, then `source {script}`",
+        f"install the NNAL package of the same CANN release after sourcing CANN's set_env.sh, then `source {shlex.quote(str(script))}`",
         evidence,
     )

@@ -7,12 +7,15 @@ leading outside it, is reported instead of read.
 
 from __future__ import annotations
 
+import shlex
+
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.registry import Outcome, check, fail, ok, skip
 from mm_agent.errors import MMAgentError
 from mm_agent.paths import read_file
 
 MAX_SCRIPT = 4 * 1024 * 1024  # rendered scripts are a few KB
+STRIP_CR = "s/\\r$//"  # sed's program that drops a CR before each newline
 
 
 @check("crlf_scripts", "Job scripts have Unix line endings")
@@ -21,7 +24,7 @@ def crlf_scripts(ctx: Context) -> Outcome:
         return skip("no job given (--job)")
     job_dir = ctx.at_use(ctx.job_dir, "job")
     scripts = sorted(job_dir.rglob("*.sh"))
-    bad, unread = [], []
+    bad, unread, crlf = [], [], []
     for path in scripts:
         try:
             data = read_file(path, ctx.root, field="job", limit=MAX_SCRIPT)
@@ -32,11 +35,13 @@ def crlf_scripts(ctx: Context) -> Outcome:
         if pos >= 0:
             line = data.count(b"\n", 0, pos) + 1
             bad.append(f"{path.relative_to(job_dir)} (first CRLF on line {line})")
+            crlf.append(f"./{path.relative_to(job_dir)}")  # (a name starting with `-` is no option)
     if bad:
-        names = " ".join(b.split(" ")[0] for b in bad)
+        cd = shlex.join(["cd", str(job_dir)])
+        dos2unix, sed = shlex.join(["dos2unix", *crlf]), shlex.join(["sed", "-i", STRIP_CR, *crlf])
         return fail(
             f"{len(bad)} script(s) have Windows (CRLF) line endings",
-            f"cd {job_dir} && dos2unix {names} (or sed -i 's/\\r$//' {names})",
+            f"`{cd} && {dos2unix}` (or `{cd} && {sed}`)",
             [*bad, *unread],
         )
     if unread:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from mm_agent.doctor.gitinfo import editable_dir, git_head, unread
 from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
 from mm_agent.install.schema import Repos, load_install_knowledge
 from mm_agent.paths import read_file
+
+
+def _checkout(ctx: Context, root: Path) -> str:
+    """`git -C ROOT checkout vX`, ROOT one shell word (the fix is pasted)."""
+    return shlex.join(["git", "-C", str(root), "checkout", f"v{ctx.version.id}"])
 
 
 def _repos(ctx: Context) -> Repos:
@@ -31,15 +37,16 @@ def _mm_root_or_fail(ctx: Context) -> Path | Outcome:
     if root is None:
         return fail(
             "no MindSpeed-MM checkout found",
-            f"pass --mm-root DIR (or export MM_ROOT=DIR); to get one: git clone {_repos(ctx).mindspeed_mm} && "
-            f"cd MindSpeed-MM && git checkout v{ctx.version.id}",
+            "pass --mm-root DIR (or export MM_ROOT=DIR); to get one: "
+            f"`{shlex.join(['git', 'clone', _repos(ctx).mindspeed_mm])} && cd MindSpeed-MM && "
+            f"{shlex.join(['git', 'checkout', 'v' + ctx.version.id])}`",
             ["looked at --mm-root, the job's mm_root, $MM_ROOT, ./MindSpeed-MM and the current directory"],
         )
     if not root.is_dir():
         return fail(
             f"MindSpeed-MM checkout {root} does not exist (from {ctx.mm_root_source})",
-            f"git clone {_repos(ctx).mindspeed_mm} {root} && git -C {root} checkout v{ctx.version.id}, or point "
-            "--mm-root/MM_ROOT at your checkout",
+            f"`{shlex.join(['git', 'clone', _repos(ctx).mindspeed_mm, str(root)])} && {_checkout(ctx, root)}`, "
+            "or point --mm-root/MM_ROOT at your checkout",
         )
     return root
 
@@ -68,20 +75,20 @@ def mm_checkout(ctx: Context) -> Outcome:
     if wanted_entry and wanted_entry in missing:
         return fail(
             f"{wanted_entry} (the {ctx.model.id if ctx.model else ''} entry script) is missing from the checkout",
-            f"check out MindSpeed-MM v{ctx.version.id}: git -C {root} checkout v{ctx.version.id}",
+            f"check out MindSpeed-MM v{ctx.version.id}: `{_checkout(ctx, root)}`",
             evidence,
         )
     version_tags = [t.lstrip("v") for t in tags if re.fullmatch(r"v?\d+(\.\d+)+", t)]
     if version_tags and ctx.version.id not in version_tags:
         return warn(
             f"checkout is at {', '.join(tags)}, but the checks assume MindSpeed-MM {ctx.version.id}",
-            f"pass --mm-version {version_tags[0]}, or git -C {root} checkout v{ctx.version.id}",
+            f"pass --mm-version {version_tags[0]}, or `{_checkout(ctx, root)}`",
             evidence,
         )
     if missing:
         return warn(
             f"{len(missing)} entry script(s) of MM {ctx.version.id} are missing ({', '.join(missing[:3])}...)",
-            f"is this MindSpeed-MM {ctx.version.id}? git -C {root} checkout v{ctx.version.id}",
+            f"is this MindSpeed-MM {ctx.version.id}? `{_checkout(ctx, root)}`",
             evidence,
         )
     return ok(f"{root}", evidence)
@@ -95,16 +102,18 @@ def megatron_tree(ctx: Context) -> Outcome:
     tag = ctx.version.megatron
     want = tag.removeprefix("core_v").removeprefix("core_r")
     copy_fix = (
-        f"git clone {_repos(ctx).megatron} && cd Megatron-LM && git checkout {tag} && cp -r megatron {root}/ "
+        f"`{shlex.join(['git', 'clone', _repos(ctx).megatron])} && cd Megatron-LM && "
+        f"{shlex.join(['git', 'checkout', tag])} && {shlex.join(['cp', '-r', 'megatron', str(root) + '/'])}` "
         "(or `bash scripts/install.sh --megatron` in the checkout)"
     )
+    remove = shlex.join(["rm", "-rf", str(root / "megatron")])
     info = root / "megatron" / "core" / "package_info.py"
     if not (root / "megatron").is_dir():
         return fail(f"{root}/megatron is missing: `No module named 'megatron'`", copy_fix)
     if not info.is_file():
         return fail(
             f"{info} is missing: the megatron/ copy is incomplete",
-            f"replace it: rm -rf {root}/megatron; {copy_fix}",
+            f"replace it: `{remove}`, then {copy_fix}",
         )
     text = read_file(info, ctx.root, field="mm_root", limit=_MAX_PACKAGE_INFO).decode("utf-8", "replace")
     parts = dict(_PACKAGE_INFO.findall(text))
@@ -113,7 +122,7 @@ def megatron_tree(ctx: Context) -> Outcome:
     if have != want:
         return fail(
             f"megatron/ is {have}, MindSpeed-MM {ctx.version.id} needs {want} ({tag})",
-            f"rm -rf {root}/megatron; {copy_fix}",
+            f"`{remove}`, then {copy_fix}",
             evidence,
         )
     return ok(f"megatron core {have}", evidence)
@@ -129,7 +138,9 @@ def mindspeed(ctx: Context) -> Outcome:
     branch_want = ctx.version.mindspeed_branch
     ref = pinned or branch_want or "the commit your model's README names"
     install_fix = (
-        f"git clone {_repos(ctx).mindspeed} && cd MindSpeed && git checkout {ref} && pip install -e ."
+        f"`{shlex.join(['git', 'clone', _repos(ctx).mindspeed])} && cd MindSpeed && "
+        f"{shlex.join(['git', 'checkout', ref]) if pinned or branch_want else 'git checkout <commit>'} && "
+        "pip install -e .`" + ("" if pinned or branch_want else f" ({ref})")
     )
     version = env.dists.get("mindspeed")
     if version is None:
@@ -166,7 +177,11 @@ def mindspeed(ctx: Context) -> Outcome:
                 evidence,
             )
         if not commit.startswith(pinned) and not pinned.startswith(commit):
-            where = f"cd {src} && git checkout {pinned}" if src else install_fix
+            where = (
+                f"`{shlex.join(['cd', str(src)])} && {shlex.join(['git', 'checkout', pinned])}`"
+                if src
+                else install_fix
+            )
             return fail(
                 f"MindSpeed is at {commit[:12]}, {ctx.model.id if ctx.model else 'the model'} needs {pinned[:12]}",
                 where,
@@ -176,7 +191,7 @@ def mindspeed(ctx: Context) -> Outcome:
     if branch_want and branch and branch != branch_want:
         return warn(
             f"MindSpeed checkout is on branch {branch}, MM {ctx.version.id} uses {branch_want}",
-            f"cd {src} && git checkout {branch_want}",
+            f"`{shlex.join(['cd', str(src)])} && {shlex.join(['git', 'checkout', branch_want])}`",
             evidence,
         )
     return ok(f"mindspeed {version}", evidence)
@@ -229,10 +244,11 @@ def mm_convert(ctx: Context) -> Outcome:
     if beside.is_file():
         return warn(
             f"mm-convert exists at {beside} but that folder is not on PATH",
-            f"activate the training env (or export PATH={beside.parent}:$PATH)",
+            f'activate the training env (or `export PATH={shlex.quote(str(beside.parent))}:"$PATH"`)',
         )
     root = ctx.mm_root or Path("MindSpeed-MM")
     return fail(
         "mm-convert not found: `mm-convert: command not found`",
-        f"cd {root} && pip install -e . (installs MindSpeed-MM and its mm-convert entry point)",
+        f"`{shlex.join(['cd', str(root)])} && pip install -e .` (installs MindSpeed-MM and its mm-convert "
+        "entry point)",
     )

@@ -140,7 +140,7 @@ def torch_npu_import(ctx: Context) -> Outcome:
             "to see it, or rerun doctor with a larger --timeout",
         )
     error = result.get("error")
-    cann_fix = f"source {ctx.version.cann_env[0]}"
+    cann_fix = f"source {shlex.quote(ctx.version.cann_env[0])}"
     if error:
         fix = f"fix the import error above; usually `{cann_fix}` in this shell"
         if any(k in error for k in ("libhccl", "libascendcl", "libatb", "No module named 'acl'")):

@@ -22,9 +22,9 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from mm_agent.doctor import check_environment
 from mm_agent.doctor.checks_multinode import IFNAME_VARS
@@ -46,9 +46,31 @@ REWRITE_FIX = (
 Reach = Literal["local", "listening", "refused", "unreachable", "unresolved"]
 
 
+def _ipv4(value: str) -> str:
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an IPv4 address ({exc})") from None
+    return value
+
+
+def _netmask(value: str) -> str:
+    try:
+        ipaddress.IPv4Network(f"0.0.0.0/{value}")
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an IPv4 netmask ({exc})") from None
+    return value
+
+
+# Addresses are checked when a fingerprint is read: `doctor --hosts` computes with them (subnets, loopback),
+# and a file edited by hand or written by something else must be an error naming the field, not a traceback.
+IPv4Text = Annotated[str, AfterValidator(_ipv4)]
+NetmaskText = Annotated[str, AfterValidator(_netmask)]
+
+
 class NicAddress(BaseModel):
-    address: str
-    netmask: str | None = None
+    address: IPv4Text
+    netmask: NetmaskText | None = None
 
 
 class Nic(BaseModel):
@@ -72,7 +94,7 @@ class Layout(BaseModel):
 class MasterReach(BaseModel):
     addr: str
     port: int
-    ip: str | None = Field(default=None, description="MASTER_ADDR resolved to IPv4")
+    ip: IPv4Text | None = Field(default=None, description="MASTER_ADDR resolved to IPv4")
     status: Reach = Field(
         description="local: this node is the master; refused: the host answered, nothing listens"
     )
@@ -335,7 +357,7 @@ def load_fingerprint(path: Path) -> NodeFingerprint:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise MMAgentError(
-            f"invalid fingerprint: {err['msg']}",
+            f"invalid fingerprint: {err['msg'].removeprefix('Value error, ')}",
             file=str(path),
             field=".".join(str(p) for p in err["loc"]) or None,
             fix=REWRITE_FIX,

@@ -8,6 +8,7 @@ disagrees with the number of fingerprints.
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -205,7 +206,7 @@ def _ifname(nodes: list[_Node]) -> list[HostFinding]:
                         f"{var}={value} on {node.name} selects {', '.join(chosen)}, not on MASTER_ADDR {master_ip}'s subnet",
                         [node],
                         evidence[-1:],
-                        f"on {node.name}, export {var}={on_net[0]}"
+                        f"on {node.name}, `export {var}={shlex.quote(on_net[0])}`"
                         if on_net
                         else f"on {node.name}, use a NIC on {master_ip}'s network (none of its NICs is on it: check MASTER_ADDR)",
                     )

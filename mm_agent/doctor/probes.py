@@ -1,14 +1,15 @@
 """Probes shared by several checks: the checked interpreter's packages, the torch_npu import, and the
 CANN/driver install files. Anything that could import torch runs in a contained subprocess with a timeout
 (`mm_agent.contained`), so doctor stays fast, cannot be taken down by a broken NPU stack, and leaves
-nothing running behind it.
+nothing running behind it. Every probe runs as `python -I -S` (`probe_argv`): the checked environment's
+`.pth` files, sitecustomize and PYTHON* variables run nothing; `sitepath.py` finds its packages as data.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ from mm_agent.doctor.interpreter import open_interpreter
 from mm_agent.errors import MMAgentError
 
 ENVPROBE = Path(__file__).with_name("envprobe.py")
+SITEPATH = Path(__file__).with_name("sitepath.py")
+# runs the script sys.argv[1] as __main__ with the remaining arguments (after sitepath's setup)
+RUN_SCRIPT = "import runpy, sys\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')"
 
 
 class ModuleSpec(BaseModel):
@@ -46,17 +50,35 @@ class ProbeError(Exception):
     """A probe could not run or did not answer; the message says which and why."""
 
 
+def probe_argv(python: str, code: str, args: Sequence[str] = ()) -> list[str]:
+    """`python -I -S -c <sitepath.py + code> args...`: isolated (no PYTHON* variables, no current directory or
+    script folder on sys.path) and without `site`, so no `.pth` line, sitecustomize or usercustomize of the
+    checked environment runs; `sitepath.setup()` puts its packages on sys.path as data."""
+    boot = SITEPATH.read_text(encoding="utf-8")
+    return [python, "-I", "-S", "-c", f"{boot}\nsetup()\ndel setup\n{code}", *args]
+
+
 def run_interpreter(
-    python: str, args: list[str], *, env: Mapping[str, str], timeout_s: float, what: str, scope: Scope
+    python: str,
+    code: str,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    what: str,
+    scope: Scope,
 ) -> Finished:
-    """Run the checked interpreter `python` with `args`: the descriptor checked by `open_interpreter` is
-    what executes, in a contained process group (nothing it starts outlives the call)."""
+    """Run `code` (with `args` as sys.argv[1:]) in the checked interpreter `python`, as `probe_argv` says:
+    the descriptor checked by `open_interpreter` is what executes, in a contained process group (nothing it
+    starts outlives the call)."""
     try:
         fd = open_interpreter(Path(python))
     except MMAgentError as exc:
         raise ProbeError(f"{python}: {exc.message}") from None
     try:
-        done = run_contained([python, *args], timeout_s=timeout_s, env=env, exec_fd=fd, scope=scope)
+        done = run_contained(
+            probe_argv(python, code, args), timeout_s=timeout_s, env=env, exec_fd=fd, scope=scope
+        )
     except OSError as exc:
         raise ProbeError(f"cannot run {python}: {exc.strerror or exc}") from None
     finally:
@@ -73,6 +95,7 @@ def run_env_probe(
 ) -> EnvProbe:
     out = run_interpreter(
         python,
+        RUN_SCRIPT,
         [str(ENVPROBE), json.dumps(dict(request))],
         env=env,
         timeout_s=timeout_s,
@@ -114,7 +137,7 @@ def run_torch_npu_probe(
     """Import torch (backend autoload off, as on a CPU-only box) and torch_npu in a child process."""
     out = run_interpreter(
         python,
-        ["-c", TORCH_NPU_PROBE],
+        TORCH_NPU_PROBE,
         env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
         timeout_s=timeout_s,
         what="`import torch, torch_npu`",
@@ -151,7 +174,7 @@ def run_torch_cuda_probe(
     """`torch.cuda.is_available()` and the GPU count, asked of the checked interpreter in a child process."""
     out = run_interpreter(
         python,
-        ["-c", TORCH_CUDA_PROBE],
+        TORCH_CUDA_PROBE,
         env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
         timeout_s=timeout_s,
         what="`import torch; torch.cuda.is_available()`",

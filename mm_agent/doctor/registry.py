@@ -21,6 +21,7 @@ from mm_agent.doctor.context import Context
 from mm_agent.doctor.models import CheckResult, Status
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import Runtime
+from mm_agent.names import shown
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,13 @@ def _run_one(chk: Check, ctx: Context, results: dict[str, CheckResult]) -> None:
             f"this is a bug in mm-agent's {chk.id!r} check, not necessarily in your setup: report it, and "
             f"run the remaining checks with --check to see the rest",
         )
-    results[chk.id] = CheckResult(
+    results[chk.id] = CheckResult(  # text from here on: a name that is not UTF-8 is shown escaped
         id=chk.id,
         title=chk.title,
         status=out.status,
-        summary=out.summary,
-        evidence=out.evidence,
-        fix=out.fix,
+        summary=shown(out.summary),
+        evidence=[shown(e) for e in out.evidence],
+        fix=shown(out.fix) if out.fix is not None else None,
         duration_ms=round((time.monotonic() - start) * 1000),
     )
 

@@ -15,6 +15,7 @@ training would read and write outside it.
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -140,7 +141,11 @@ def load_stage(job_dir: Path, stage: Stage, root: Path | None) -> StageScript:
         raise MMAgentError(
             f"the {stage} script is missing from the job",
             file=str(script),
-            fix=f"re-render the job (mm-agent render --from {job_dir / JOB_FILE} --out {job_dir} --force --yes)",
+            fix="re-render the job: `"
+            + shlex.join(
+                ["mm-agent", "render", "--from", str(job_dir / JOB_FILE), "--out", str(job_dir), "--force"]
+            )
+            + "`",
         )
     real = resolve(script, "script")
     for base in (job_dir, root):

@@ -187,7 +187,7 @@ def start_stage(req: StageRequest, root: Path | None = None) -> StageLaunch:
         )
         if job.save_path is not None:
             claim(job_dir, job.spec, job.save_path, root)
-        info = start_run(req.stage, list(SUPERVISOR), request, job_dir, new_session=True)
+        info = start_run(req.stage, list(SUPERVISOR), request, job_dir, new_session=True, workspace=root)
     launch.status = "started"
     launch.run_id = info.run_id
     launch.supervisor_pid = info.pid

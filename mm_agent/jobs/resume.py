@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,10 @@ def check_resume(job_dir: Path, spec: JobSpec, save_path: Path, root: Path | Non
         return
     mine = owner_of(job_dir, spec)
     other = _recorded(save_path, root)
+    render = shlex.join(["mm-agent", "render", "--from", str(job_dir / JOB_FILE), "--out", str(job_dir)])
     fix = (
-        f"re-render this job with a save_path of its own (mm-agent render --from {job_dir / JOB_FILE} "
-        f"--out {job_dir} --save-path NEW_DIR --force --yes; render_job with save_path over MCP), or move "
-        f"{save_path} away to start over"
+        f"re-render this job with a save_path of its own (`{render} --save-path <new dir> --force`; "
+        f"render_job with save_path over MCP), or move {save_path} away to start over"
     )
     if other is None:
         what = f"no {RECORD} says which job wrote it"

@@ -6,7 +6,6 @@ so any process can answer, including after a restart of the server that started 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from mm_agent.jobs.schema import (
     LogTail,
     StageRecord,
 )
+from mm_agent.redact import redact, redact_model
 from mm_agent.runs import (
     LOG,
     PROGRESS,
@@ -47,22 +47,6 @@ M = TypeVar("M", bound=BaseModel)
 TAIL_BYTES = 512 * 1024
 MAX_LINES = 500
 LINE_CHARS = 2000
-# Secrets that may end up in a log (a token in an env dump, a URL with credentials) are masked before a
-# log leaves through a tool: outputs reach a model.
-_SECRET = re.compile(
-    r"(?i)\b(hf_[A-Za-z0-9]{20,}|(?:[A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|API_KEY))=\S+|://[^/\s:@]+:[^/\s@]+@)"
-)
-
-
-def redact(line: str) -> str:
-    def mask(m: re.Match[str]) -> str:
-        text = m.group(0)
-        if text.startswith("://"):
-            return "://***@"
-        name, sep, _ = text.partition("=")
-        return f"{name}=***" if sep else "hf_***"
-
-    return _SECRET.sub(mask, line)
 
 
 def _model(cls: type[M], path: Path) -> M | None:
@@ -165,22 +149,26 @@ def _from_run(run: RunStatus) -> JobStatus:
     return status
 
 
-def job_status(run_id: str, log_lines: int = 20) -> JobStatus:
+def job_status(run_id: str, log_lines: int = 20, root: Path | None = None) -> JobStatus:
     """State, progress (iteration/loss/ETA or samples), root cause when failed, PIDs and the last
-    `log_lines` (at most 500) log lines of a run."""
+    `log_lines` (at most 500) log lines of a run; with `root` (a server's workspace), only of its own runs."""
+    if root is not None:
+        run_dir_for(run_id, root)
     lines = max(0, min(log_lines, MAX_LINES))
-    return _from_run(run_status(RunStatusRequest(run_id=run_id, log_lines=lines)))
+    # every string masked, not only the log lines: a report's message or root cause may quote the log
+    return redact_model(_from_run(run_status(RunStatusRequest(run_id=run_id, log_lines=lines))))
 
 
 def list_jobs() -> JobList:
     """Every run (job stages and conversions), newest first."""
-    return JobList(runs_dir=str(runs_dir()), jobs=[_from_run(r) for r in list_runs().runs])
+    return JobList(runs_dir=str(runs_dir()), jobs=[redact_model(_from_run(r)) for r in list_runs().runs])
 
 
-def tail_logs(run_id: str, lines: int = 100) -> LogTail:
-    """The last `lines` lines of a run's log: at most 500, each cut to 2000 characters, secrets masked."""
+def tail_logs(run_id: str, lines: int = 100, root: Path | None = None) -> LogTail:
+    """The last `lines` lines of a run's log: at most 500, each cut to 2000 characters, secrets masked;
+    with `root` (a server's workspace), only of its own runs."""
     count = max(1, min(lines, MAX_LINES))
-    log = run_dir_for(run_id) / LOG
+    log = run_dir_for(run_id, root) / LOG
     try:
         with log.open("rb") as fh:
             size = fh.seek(0, 2)
@@ -188,8 +176,8 @@ def tail_logs(run_id: str, lines: int = 100) -> LogTail:
             data = fh.read(size - fh.tell())  # up to `size` exactly: a follower continues from there
     except OSError:
         size, data = 0, b""
-    text = data.decode("utf-8", "replace").splitlines()[-count:]
-    return LogTail(run_id=run_id, log=str(log), lines=[redact(t[:LINE_CHARS]) for t in text], size_bytes=size)
+    text = data.decode("utf-8", "backslashreplace").splitlines()[-count:]  # non-UTF-8 bytes as \xNN
+    return LogTail(run_id=run_id, log=str(log), lines=[redact(t)[:LINE_CHARS] for t in text], size_bytes=size)
 
 
 def wait_job(

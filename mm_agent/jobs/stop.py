@@ -73,8 +73,11 @@ def _stop_worker(req: StopJobRequest, meta: RunMeta) -> StopJobResult:
     )
 
 
-def stop_job(run_id: str, confirm: bool = False, timeout_s: float = 10.0) -> StopJobResult:
-    """Dry run unless `confirm`: SIGTERM the run's processes, SIGKILL what is left after `timeout_s`."""
+def stop_job(
+    run_id: str, confirm: bool = False, timeout_s: float = 10.0, root: Path | None = None
+) -> StopJobResult:
+    """Dry run unless `confirm`: SIGTERM the run's processes, SIGKILL what is left after `timeout_s`; with
+    `root` (a server's workspace), only its own runs."""
     try:
         req = StopJobRequest(run_id=run_id, confirm=confirm, timeout_s=timeout_s)
     except ValidationError as exc:
@@ -82,7 +85,7 @@ def stop_job(run_id: str, confirm: bool = False, timeout_s: float = 10.0) -> Sto
         raise MMAgentError(
             err["msg"], field=".".join(map(str, err["loc"])), fix="see `mm-agent stop --help`"
         ) from None
-    run_dir = run_dir_for(req.run_id)
+    run_dir = run_dir_for(req.run_id, root)
     meta = read_meta(run_dir)
     result = _stop_worker(req, meta) if meta.kind not in STAGES else _stop_stage(req, meta, run_dir)
     if result.status != "dry_run":
@@ -90,10 +93,11 @@ def stop_job(run_id: str, confirm: bool = False, timeout_s: float = 10.0) -> Sto
     return result
 
 
-def stop(req: StopTarget) -> StopJobResult | StopResult:
-    """A run's processes (`stop_job`) or one process mm-agent started (`procs.stop_process`)."""
+def stop(req: StopTarget, root: Path | None = None) -> StopJobResult | StopResult:
+    """A run's processes (`stop_job`; with `root`, a run of that workspace) or one process mm-agent started
+    (`procs.stop_process`)."""
     if req.run_id is not None:
-        return stop_job(req.run_id, req.confirm, req.timeout_s)
+        return stop_job(req.run_id, req.confirm, req.timeout_s, root)
     assert req.pid is not None  # (the model requires one of the two)
     return stop_process(StopRequest(pid=req.pid, confirm=req.confirm, timeout_s=req.timeout_s))
 

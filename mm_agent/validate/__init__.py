@@ -5,14 +5,19 @@ Scripts are read statically (variables, `$JOB_DIR` idiom, the torchrun flags) an
 pass are validated too. The result is a `ValidationReport`; bad input becomes findings, never a traceback.
 Only regular files are read (FIFOs and devices are findings, not reads that never end), and with a
 workspace `root` every file is re-checked against it once open. With `mm_root` naming a MindSpeed-MM
-checkout, its real argument parser also judges every launch (`rules_mmparser`, in a child process).
+checkout, its real argument parser also judges every launch (`rules_mmparser`, in a child process): that runs
+the checkout's code, so only where `trust` allows it (the CLI: always; the server: its `--trust-mm-root`
+folders), else the report says what would run and how to allow it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from mm_agent.cancel import Cancelled
 from mm_agent.errors import MMAgentError
+from mm_agent.names import shown, shown_path
 from mm_agent.paths import confine, owning_root, where
 from mm_agent.validate import (
     rules_ckpt,
@@ -37,7 +42,8 @@ from mm_agent.validate.refs import build_launches, load_inputs
 __all__ = ["FileSummary", "Finding", "ValidateRequest", "ValidationReport", "validate_configs"]
 
 
-def _inputs(req: ValidateRequest, root: Path | None, sink: Sink) -> list[Path]:
+def _inputs(req: ValidateRequest, root: Path | None, sink: Sink, dirs: list[Path]) -> list[Path]:
+    """The files to validate; the directories among the inputs are added to `dirs` (the job directories)."""
     if not req.paths:
         raise MMAgentError("no paths to validate", field="paths", fix="pass a job directory or config files")
     files: list[Path] = []
@@ -59,6 +65,7 @@ def _inputs(req: ValidateRequest, root: Path | None, sink: Sink) -> list[Path]:
                 fix="pass paths inside the workspace (copy the job into it first)",
             )
         if is_dir(path):
+            dirs.append(path)
             files.extend(walk(path))
         elif exists(path):
             files.append(path)
@@ -72,8 +79,12 @@ def _inputs(req: ValidateRequest, root: Path | None, sink: Sink) -> list[Path]:
     return files
 
 
-def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> ValidationReport:
-    """Validate a job; with `root`, nothing outside it is read (and inputs outside it are refused)."""
+def validate_configs(
+    req: ValidateRequest, *, root: Path | None = None, trust: Sequence[Path] | None = None
+) -> ValidationReport:
+    """Validate a job; with `root`, nothing outside it is read (and inputs outside it are refused).
+    `trust`: the folders whose checkouts' code mm_root may run (the server's `--trust-mm-root`); None means the
+    caller is the operator (the CLI), whose named checkout runs."""
     root = root.expanduser().resolve() if root is not None else None
     sink = Sink()
     mm_root = req.mm_root
@@ -81,7 +92,7 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
         # like every path of a request: inside the workspace (or an allowed root); its parser code is run
         mm_root = str(confine(mm_root, root, "mm_root"))
     job = Job(sink, root, mm_root)
-    inputs = _inputs(req, root, sink)
+    inputs = _inputs(req, root, sink, job.inputs)
     # an input that cannot be resolved (a symlink loop) is loaded anyway, to be reported with the fix
     load_inputs(
         job,
@@ -109,6 +120,8 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
     ):
         try:
             rules.check(job)
+        except Cancelled:  # the call was abandoned: no more rules
+            raise
         except Exception as exc:  # a validator bug must not hide the other rules' findings
             sink.warning(
                 "validator.crash",
@@ -117,9 +130,10 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
                 "report this mm-agent bug with the job files; the findings "
                 "from the other rule groups are still valid",
             )
+    ran_code_from = None
     if req.mm_root and job.mm_root is not None:
         try:
-            rules_mmparser.check(job, job.mm_root)
+            ran_code_from = rules_mmparser.check(job, job.mm_root, req.paths, trust)
         except Exception as exc:  # as above: a bug here must not hide the other findings
             sink.warning(
                 "validator.crash",
@@ -130,12 +144,13 @@ def validate_configs(req: ValidateRequest, *, root: Path | None = None) -> Valid
     findings = sink.sorted()
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
-    summaries = [FileSummary(path=str(p), kind="shell") for p in job.scripts]
-    summaries += [FileSummary(path=str(p), kind=c.kind) for p, c in job.configs.items()]
+    summaries = [FileSummary(path=shown_path(p), kind="shell") for p in job.scripts]
+    summaries += [FileSummary(path=shown_path(p), kind=c.kind) for p, c in job.configs.items()]
     return ValidationReport(
         ok=errors == 0 and not (req.strict and warnings),
         findings=findings,
         files=sorted(summaries, key=lambda s: s.path),
         error_count=errors,
         warning_count=warnings,
+        ran_code_from=shown(ran_code_from) if ran_code_from is not None else None,
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from mm_agent import cancel
 from mm_agent.errors import MMAgentError
 from mm_agent.paths import open_file
 from mm_agent.validate.findings import Sink
@@ -28,6 +29,7 @@ MAX_WALK_FILES = 2000
 MAX_DEPTH = 8
 _SKIP_DIRS = {"__pycache__", "node_modules", "logs", "release", ".git", ".venv"}
 CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+HOSTFILE_NAMES = frozenset({"hosts", "hostfile", "machinefile", "nodefile"})
 
 
 @dataclass
@@ -40,8 +42,11 @@ class ConfigFile:
     lines: dict[str, int] = field(default_factory=dict)
     text: str = ""
     # where the process that reads it runs (the directory its launch `cd`s into), when known: relative paths
-    # inside the file resolve there at run time. None: against the MindSpeed-MM root, as before.
+    # inside the file resolve there at run time. None: in the first of `search` (the directories its launch may
+    # run in: job directory, script directory, MM_ROOT), the job directories and the MindSpeed-MM root that
+    # holds the named file (`Job.locate`).
     run_base: Path | None = None
+    search: tuple[Path, ...] = ()
 
     def line(self, key_path: str) -> int | None:
         return line_of(self.lines, key_path)
@@ -179,14 +184,20 @@ def load_config(
     path: Path, sink: Sink, root: Path | None, *, kind_hint: str | None = None
 ) -> ConfigFile | None:
     """Read and parse one JSON/YAML/data.txt file; syntax errors are reported, not raised."""
+    cancel.check()  # an abandoned call reads no more files
     text = read_text(path, sink, root)
     if text is None:
         return None
     shown = str(path)
     if kind_hint == "data_txt" or path.name == "data.txt":
         return ConfigFile(path, "data_txt", text=text)
+    if kind_hint == "hostfile" or is_hostfile(path):
+        return ConfigFile(path, "hostfile", text=text)  # (launch_all.sh's host list: rules_launcher)
     is_yaml = path.suffix in (".yaml", ".yml")
     parsed: Parsed | ParseError = parse_yaml(text) if is_yaml else parse_json(text)
+    if isinstance(parsed, ParseError) and parsed.fix:  # well-formed but past a bound (an alias bomb)
+        sink.error("yaml.limit", shown, parsed.message, parsed.fix, line=parsed.line)
+        return ConfigFile(path, "unknown", text=text)
     if isinstance(parsed, ParseError):
         rule = "yaml.syntax" if is_yaml else "json.syntax"
         sink.error(
@@ -211,8 +222,15 @@ def load_config(
     return ConfigFile(path, classify(parsed.data, path.name), parsed.data, parsed.lines, text)
 
 
+def is_hostfile(path: Path) -> bool:
+    """A host list by its name: `hosts` (what render's next steps tell a pdsh job to write), `hostfile`,
+    `machinefile`, `nodefile` (also with `.txt`), or `*.hosts` / `*.hostfile`."""
+    name = path.name.removesuffix(".txt")
+    return name in HOSTFILE_NAMES or path.suffix in (".hosts", ".hostfile")
+
+
 def is_candidate(path: Path) -> bool:
-    return path.suffix in (".sh", *CONFIG_SUFFIXES) or path.name == "data.txt"
+    return path.suffix in (".sh", *CONFIG_SUFFIXES) or path.name == "data.txt" or is_hostfile(path)
 
 
 def walk(directory: Path) -> list[Path]:
@@ -220,6 +238,7 @@ def walk(directory: Path) -> list[Path]:
     found: list[Path] = []
     base_depth = len(directory.parts)
     for current, dirs, files in os.walk(directory):
+        cancel.check()  # an abandoned call stops walking here
         here = Path(current)
         if "latest_checkpointed_iteration.txt" in files or any(f.endswith(".safetensors") for f in files):
             dirs[:] = []

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from mm_agent.fields import MAX_PATHS, PathText
+from mm_agent.names import shown
 
 Severity = Literal["error", "warning", "info"]
 
@@ -33,6 +34,9 @@ class ValidationReport(BaseModel):
     files: list[FileSummary]
     error_count: int
     warning_count: int
+    ran_code_from: str | None = Field(
+        default=None, description="the MindSpeed-MM checkout whose Python ran to judge the launches (mm_root)"
+    )
 
 
 class ValidateRequest(BaseModel):
@@ -40,7 +44,7 @@ class ValidateRequest(BaseModel):
     strict: bool = Field(default=False, description="count warnings as errors")
     mm_root: PathText | None = Field(
         default=None,
-        description="MindSpeed-MM checkout: its own parser judges each launch",
+        description="MindSpeed-MM checkout: its parser judges each launch (runs its code, if the operator trusts it)",
     )
 
 
@@ -62,6 +66,9 @@ class Sink:
         field: str | None = None,
         line: int | None = None,
     ) -> None:
+        # Findings are text: a file name that is not UTF-8 (in any of these) is shown escaped (`names.shown`)
+        file, message, fix = shown(file), shown(message), shown(fix)
+        field = shown(field) if field is not None else None
         key = (severity, rule, file, field, line, message)
         if key in self._seen:
             return

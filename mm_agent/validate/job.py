@@ -1,7 +1,12 @@
 """The job under validation: its files, its launch commands and how paths resolve.
 
-Paths in scripts and configs are relative to the MindSpeed-MM root the job runs from (the stock scripts
-run from there). That root comes from the request, else `MM_ROOT=` in a script, else `mm_root` in job.yaml.
+A relative path in a script or config is read, at run time, from the directory the reading process starts in:
+the one its script `cd`s into, else wherever it is launched from (`mm-agent launch` and launch_all.sh start a
+script in its job directory; the stock MindSpeed-MM scripts are started in the MindSpeed-MM root). So a relative
+path resolves in a directory the script `cd`s into when that directory is here, else in the first of the job
+directory, the script's directory and the MindSpeed-MM root where the named file exists (a job copied off the
+cluster names a root that is not on this machine; its files are in the job). That root comes from the request,
+else `MM_ROOT=` in the script (`mm_root_of`), else `MM_ROOT=` in another script, else `mm_root` in job.yaml.
 With `root` set, nothing outside it (and the allowed roots) is read, and every file is re-checked against
 it once open (`files.read_text`). An input that cannot be resolved (a symlink loop) is a finding with
 the fix.
@@ -10,6 +15,7 @@ the fix.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +127,10 @@ def resolved(path: Path) -> Path | None:
         return None
 
 
+def _listed(paths: Sequence[Path]) -> str:
+    return ", ".join(str(p) for p in dict.fromkeys(paths))
+
+
 def to_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -136,6 +146,8 @@ class Job:
         self.sink = sink
         self.root = root
         self.mm_root: Path | None = Path(mm_root).expanduser().resolve() if mm_root else None
+        self.mm_root_given = self.mm_root is not None  # the request's root replaces every script's MM_ROOT
+        self.inputs: list[Path] = []  # the directories given to validate (a job's files are under one)
         self.configs: dict[Path, ConfigFile] = {}
         self.scripts: dict[Path, ScriptFile] = {}
         self.launches: list[Launch] = []
@@ -162,14 +174,60 @@ class Job:
         )
         return True
 
-    def resolve(self, raw: str, *, base: Path | None = None) -> Path | None:
-        """Absolute path for `raw`: absolute as-is, relative against `base` or the MM root (None if "
-        "unknown)."""
+    def job_dir(self, path: Path) -> Path:
+        """The job directory `path` belongs to: the nearest folder above it holding job.yaml (not above the
+        input directory that holds it), else that input directory, else the file's own folder."""
+        tops = [d for d in self.inputs if path.is_relative_to(d)]
+        top = max(tops, key=lambda d: len(d.parts)) if tops else None
+        folders = [path.parent, *path.parent.parents]
+        for folder in folders if top is not None else folders[:2]:
+            if not self.inside(folder):
+                break
+            if is_file(folder / "job.yaml"):
+                return folder
+            if folder == top:
+                break
+        return top or path.parent
+
+    @property
+    def dirs(self) -> list[Path]:
+        """The job directories: those holding a job.yaml, then the input directories."""
+        return list(dict.fromkeys([*(c.path.parent for c in self.of_kind("job_yaml")), *self.inputs]))
+
+    def mm_root_of(self, script: ScriptFile) -> Path | None:
+        """The MindSpeed-MM root `script` runs with: the request's, else its own MM_ROOT, else the job's."""
+        value = script.info.env.get("MM_ROOT")
+        if self.mm_root_given or not value:
+            return self.mm_root
+        return self.resolve(value, base=script.path.parent)
+
+    def candidates(self, search: Sequence[Path] = ()) -> list[Path]:
+        """Where a relative path is looked for when the directory it is read from is not known, in order."""
+        return list(dict.fromkeys([*search, *self.dirs, *([self.mm_root] if self.mm_root else [])]))
+
+    def locate(
+        self, raw: str, *, base: Path | None = None, search: Sequence[Path] = ()
+    ) -> tuple[Path | None, Path | None, list[Path]]:
+        """(path, the directory it was found in, the paths tried) for `raw`: absolute as-is; relative in `base`
+        (the directory it is read from, when known), else in the first of `candidates(search)` where it exists
+        (inside the workspace), else where the MindSpeed-MM root would hold it (None when that is unknown)."""
         raw = os.path.expanduser(raw.strip())
         if os.path.isabs(raw):
-            return Path(os.path.normpath(raw))
-        start = base or self.mm_root
-        return Path(os.path.normpath(start / raw)) if start else None
+            return Path(os.path.normpath(raw)), None, []
+        if base is not None:
+            path = Path(os.path.normpath(base / raw))
+            return path, base, [path]
+        tried = [Path(os.path.normpath(d / raw)) for d in self.candidates(search)]
+        for folder, path in zip(self.candidates(search), tried, strict=True):
+            if self.inside(path) and exists(path):
+                return path, folder, tried
+        fallback = Path(os.path.normpath(self.mm_root / raw)) if self.mm_root else None
+        return fallback, None, tried
+
+    def resolve(self, raw: str, *, base: Path | None = None, search: Sequence[Path] = ()) -> Path | None:
+        """Absolute path for `raw` (see `locate`); None when it is relative, found nowhere and the MindSpeed-MM
+        root is unknown."""
+        return self.locate(raw, base=base, search=search)[0]
 
     def check_path(
         self,
@@ -183,16 +241,19 @@ class Job:
         rule: str = "path.missing",
         fix: str | None = None,
         base: Path | None = None,
+        search: Sequence[Path] = (),
     ) -> Path | None:
-        """Resolve `raw` and report it missing/unresolvable/outside; return the path when it exists."""
+        """Resolve `raw` (see `locate`) and report it missing/unresolvable/outside, or found only in a job
+        directory (info: say which); return the path when it exists."""
         if not isinstance(raw, str) or not raw.strip():
             return None
-        path = self.resolve(raw, base=base)
+        path, folder, tried = self.locate(raw, base=base, search=search)
         if path is None:
+            looked = f" (not in {_listed(tried)} either)" if tried else ""
             self.sink.info(
                 "path.unresolved",
                 file,
-                f"{what} {raw!r} is relative and the MindSpeed-MM root is unknown; not checked",
+                f"{what} {raw!r} is relative and the MindSpeed-MM root is unknown{looked}; not checked",
                 "pass mm_root (or set MM_ROOT= in the script / mm_root in job.yaml), or use an absolute path",
                 field=field,
                 line=line,
@@ -201,12 +262,23 @@ class Job:
         if self.outside(path, file, field, line):
             return None
         if exists(path):
+            if base is None and folder is not None and folder != self.mm_root:
+                self.sink.info(
+                    "path.resolved",
+                    file,
+                    f"{what} {raw!r} checked as {path}: where the run reads it from is not known here, and "
+                    f"{folder} is the first of {_listed(self.candidates(search))} that has it",
+                    "make the path absolute if the run reads another file",
+                    field=field,
+                    line=line,
+                )
             return path
+        where = f"tried {_listed(tried)}" if len(tried) > 1 else str(path)
         self.sink.add(
             severity,
             rule,
             file,
-            f"{what} {raw!r} does not exist ({path})",
+            f"{what} {raw!r} does not exist ({where})",
             fix
             or f"point {field or 'the ' + what} at an existing path (fine if it only exists on the cluster)",
             field=field,

@@ -87,6 +87,16 @@ def locate(mm_root: Path, mm_version: str | None = None) -> Trees:
     return Trees(mm_root, mindspeed, megatron)
 
 
+def code_dirs(trees: Trees) -> list[Path]:
+    """The folders whose Python the parser child imports (first on its sys.path): trusting a checkout means
+    trusting each of these."""
+    return [p for p in (trees.mm_root, trees.megatron, trees.mindspeed) if p is not None]
+
+
+class ParserNotStarted(MMAgentError):
+    """The parser child could not be started: none of the checkout's code ran."""
+
+
 class ParseJob(BaseModel):
     id: str
     entry: str = Field(description="the entry script, relative to the MindSpeed-MM root")
@@ -256,7 +266,7 @@ def _run_child(trees: Trees, batch: list[dict[str, object]], timeout_s: float) -
                 [sys.executable, str(CHILD), str(path)], timeout_s=timeout_s, env=env, cwd=str(trees.mm_root)
             )
         except OSError as exc:
-            raise MMAgentError(
+            raise ParserNotStarted(
                 f"could not start MindSpeed-MM's parser process: {exc}",
                 field="mm_root",
                 fix="check that mm-agent's Python can run",

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from mm_agent import yamlload
+
 LINE_MAP_CHARS = 2_000_000
 
 
@@ -20,6 +22,7 @@ LINE_MAP_CHARS = 2_000_000
 class ParseError:
     message: str
     line: int | None = None
+    fix: str | None = None  # set when the text is well-formed but past a bound (`yamlload.YAMLLimit`)
 
 
 @dataclass
@@ -160,9 +163,13 @@ def _yaml_walk(node: yaml.Node, path: str, out: dict[str, int], depth: int = 0) 
 
 
 def parse_yaml(text: str) -> Parsed | ParseError:
+    """Data and line map of a YAML text, composed once by the bounded loader: a file whose aliases expand
+    past `yamlload.MAX_NODES` values (an alias bomb) is a ParseError with its fix, never walked."""
+    lines: dict[str, int] = {}
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yamlload.load(text, visit=lambda node: _yaml_walk(node, "", lines))
+    except yamlload.YAMLLimit as exc:
+        return ParseError(exc.message, exc.line, exc.fix)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -170,7 +177,4 @@ def parse_yaml(text: str) -> Parsed | ParseError:
         return ParseError(f"{problem} (line {line})" if line else problem, line)
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         return ParseError(str(exc) or type(exc).__name__)
-    lines: dict[str, int] = {}
-    if node is not None:
-        _yaml_walk(node, "", lines)
     return Parsed(data, lines)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from mm_agent.validate.files import ConfigFile
+from mm_agent.validate.files import ConfigFile, is_hostfile
 from mm_agent.validate.job import CONFIG_FLAGS, Job, Launch, exists, is_dir, is_file
 
 _YAML_ENTRIES = ("pretrain_transformers.py", "trainer.py")
@@ -88,65 +90,186 @@ def _attach(job: Job, launch: Launch, role: str, flag: str, raw: str | None, var
             line=line,
         )
         return
-    path, why = run_time_path(job, launch, raw)
-    if path is None:
+    found = locate(job, launch, raw)
+    if found.path is None:
+        if role == "fsdp2-config" and found.run.mm_here:
+            job.sink.error(
+                "fsdp2.config_missing",
+                file,
+                f"--fsdp2-config-path {raw!r} is in none of {found.tried}",
+                "point --fsdp2-config-path at the job's fsdp2_config.yaml (sharding_size, "
+                "sub_modules_to_wrap, ...)",
+                field=field,
+                line=line,
+            )
+            return
         checks = CROSS_FILE_CHECKS.get(role, "the checks that read it")
-        skipped(job, f"{role} config", raw, why, checks, (file, field, line))
+        skipped(job, f"{role} config", raw, found.why, checks, (file, field, line), fix=found.fix)
         return
+    path = found.path
     if job.outside(path, file, field, line):
         return
     if not is_file(path):
         _missing(job, role, raw, path, file, field, line)
         return
+    resolved_note(job, f"{role} config", raw, found, (file, field, line))
     cfg = job.load(path)
     if cfg is not None:
         launch.configs[role] = cfg
-        if launch.cmd.cd_line is not None and cfg.run_base is None:
-            cfg.run_base, _ = run_time_base(job, launch, ".")
+        if cfg.run_base is None and not cfg.search:  # the first launch that passes it decides
+            cfg.run_base = found.run.known
+            cfg.search = tuple(folder for folder, _ in found.run.candidates)
+
+
+@dataclass
+class RunDir:
+    """Where the relative paths of one launch are read from at run time, as far as the script tells."""
+
+    known: Path | None = None  # the directory it `cd`s into, when that directory is on this machine
+    # else the folders that may hold its paths, in order, each with what it is
+    candidates: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+    unknown: str = ""  # why no directory can be named: a `cd` into a directory not known statically
+    note: str = ""  # how the run decides: "the script does not cd", "... cd's into X, not on this machine"
+    mm_here: bool = False  # the MindSpeed-MM root is among the candidates and on this machine
+
+
+@dataclass
+class Located:
+    """A launch's relative path placed (`path`, in `base`), or why not (`why`, `fix`)."""
+
+    run: RunDir
+    path: Path | None = None
+    base: Path | None = None
+    why: str = ""
+    fix: str | None = None
+    tried: str = ""
+
+
+def run_dir(job: Job, launch: Launch) -> RunDir:
+    """Where a launch's relative paths are read from. A `cd` before the launch decides it when its directory is
+    here (for `cd "$MM_ROOT"`: the root given to the validator, else the script's own MM_ROOT). Otherwise the
+    directory the run starts in is not known here: the script does not cd (`mm-agent launch` and launch_all.sh
+    start it in its job directory, the stock scripts are started in the MindSpeed-MM root), or it cd's into a
+    directory that is not on this machine (a job copied off the cluster); then the job directory, the script's
+    directory and the MindSpeed-MM root are tried, in that order."""
+    cmd, script = launch.cmd, launch.script
+    mm = job.mm_root_of(script)
+    if cmd.cd_line is not None:
+        into_mm = (
+            cmd.cwd == script.info.env.get("MM_ROOT") if cmd.cwd is not None else cmd.cd_var == "MM_ROOT"
+        )
+        if mm is not None and into_mm:  # MM_ROOT from the environment: the root the validator was given
+            target = mm
+        elif cmd.cwd is None:
+            return RunDir(
+                unknown=f"the script cd's (line {cmd.cd_line}) into a directory not known statically"
+            )
+        else:
+            target = Path(os.path.expanduser(cmd.cwd))
+            target = Path(os.path.normpath(target if target.is_absolute() else script.path.parent / target))
+        if not job.inside(target) or is_dir(target):
+            return RunDir(known=target)
+        note = f"the script cd's (line {cmd.cd_line}) into {target}, which is not on this machine"
+    else:
+        note = "the script does not cd"
+    mm_here = mm is not None and job.inside(mm) and is_dir(mm)
+    folders = [
+        (job.job_dir(script.path), "the job directory"),
+        (script.path.parent, "the script's directory"),
+        *([(mm, "MM_ROOT" + ("" if mm_here else ", not here"))] if mm is not None else []),
+    ]
+    candidates: dict[Path, str] = {}
+    for folder, what in folders:  # one folder in two roles: "the job directory and script's directory"
+        known = candidates.get(folder)
+        candidates[folder] = f"{known} and {what.removeprefix('the ')}" if known else what
+    return RunDir(candidates=list(candidates.items()), note=note, mm_here=mm_here)
+
+
+def locate(job: Job, launch: Launch, raw: str) -> Located:
+    """Place a path a launch passes (`run_dir`): in the directory it runs in when that is known, else in the first
+    candidate directory that holds it; when none does, say why and what to do."""
+    run = run_dir(job, launch)
+    text = os.path.expanduser(raw.strip())
+    if os.path.isabs(text):
+        return Located(run, Path(os.path.normpath(text)))
+    if run.unknown:
+        return Located(
+            run,
+            why=f"{run.unknown}, so where it is at run time is not known",
+            fix="use an absolute or $JOB_DIR-based path, or cd into a known directory before the launch "
+            '(cd "$MM_ROOT" with MM_ROOT set, or pass mm_root)',
+        )
+    if run.known is not None:
+        return Located(run, Path(os.path.normpath(run.known / text)), run.known)
+    for folder, _ in run.candidates:
+        path = Path(os.path.normpath(folder / text))
+        if job.inside(path) and exists(path):
+            return Located(run, path, folder)
+    tried = "; ".join(f"{folder} ({what})" for folder, what in run.candidates)
+    mm = job.mm_root_of(launch.script)
+    unknown = "" if mm is not None else "; the MindSpeed-MM root is unknown"
+    return Located(
+        run,
+        why=f"{run.note}, and it is in none of {tried}{unknown}",
+        fix=f"copy {raw.strip()!r} into the job directory (or make the path absolute or $JOB_DIR-based), or pass "
+        f"--mm-root with a local checkout that holds it{f' (the run uses {mm})' if mm is not None else ''}",
+        tried=tried,
+    )
+
+
+def resolved_note(
+    job: Job, what: str, raw: str, found: Located, where: tuple[str, str | None, int | None]
+) -> None:
+    """Say which directory a launch's relative path was found in when the script does not decide it (not when
+    a script that does not cd finds it in its own folder, the job directory: where it is started anyway)."""
+    run = found.run
+    if found.base is None or run.known is not None:
+        return
+    label = dict(run.candidates).get(found.base, "")
+    if label == "the job directory and script's directory" and not run.note.startswith("the script cd's"):
+        return
+    file, field, line = where
+    job.sink.info(
+        "path.resolved",
+        file,
+        f"{what} {raw.strip()!r} checked as {found.path}, found in {label} {found.base} ({run.note})",
+        "make the path absolute or $JOB_DIR-based if the run reads another file",
+        field=field,
+        line=line,
+    )
 
 
 def run_time_base(job: Job, launch: Launch, raw: str) -> tuple[Path | None, str]:
-    """The directory a relative path in a launch starts from at run time: the one the script `cd`s into
-    before the launch (for `cd "$MM_ROOT"`, the MindSpeed-MM root given to the validator when there is one),
-    else, when the script does not cd (the job manager runs it from its own directory), the script's folder
-    when the path exists there, else the MindSpeed-MM root. (None, "") for an absolute path; (None, why) when
-    that directory cannot be known."""
-    if os.path.isabs(os.path.expanduser(raw.strip())):
-        return None, ""
-    cmd, script = launch.cmd, launch.script
-    if cmd.cd_line is not None:
-        if cmd.cwd is None:
-            return None, f"the script cd's (line {cmd.cd_line}) into a directory not known statically"
-        if job.mm_root is not None and cmd.cwd == script.info.env.get("MM_ROOT"):
-            return job.mm_root, ""
-        base = Path(os.path.expanduser(cmd.cwd))
-        return (base if base.is_absolute() else script.path.parent / base), ""
-    here = job.resolve(raw, base=script.path.parent)
-    if here is not None and exists(here):
-        return script.path.parent, ""
-    if job.mm_root is not None:
-        return job.mm_root, ""
-    return None, "the script does not cd, it is not next to the script, and the MindSpeed-MM root is unknown"
+    """The directory a relative path in a launch resolves in (`locate`): (None, "") for an absolute path;
+    (None, why) when it cannot be placed."""
+    found = locate(job, launch, raw)
+    return found.base, found.why
 
 
 def run_time_path(job: Job, launch: Launch, raw: str) -> tuple[Path | None, str]:
-    """Where a path in a launch points at run time (see `run_time_base`); (None, why) when unknown."""
-    base, why = run_time_base(job, launch, raw)
-    if base is None and why:
-        return None, why
-    return job.resolve(raw, base=base), ""
+    """Where a path in a launch points (`locate`); (None, why) when it cannot be placed."""
+    found = locate(job, launch, raw)
+    return found.path, found.why
 
 
 def skipped(
-    job: Job, what: str, raw: str, why: str, checks: str, where: tuple[str, str | None, int | None]
+    job: Job,
+    what: str,
+    raw: str,
+    why: str,
+    checks: str,
+    where: tuple[str, str | None, int | None],
+    *,
+    fix: str | None = None,
 ) -> None:
-    """The warning for a path whose run-time location cannot be known: which cross-file checks it costs."""
+    """The warning for a path that cannot be placed (`locate`): which cross-file checks it costs, and the fix."""
     file, field, line = where
     job.sink.warning(
         "crossfile.skipped",
         file,
-        f"{what} {raw!r} is relative and {why}, so where it is at run time is not known; skipped: {checks}",
-        "use an absolute or $JOB_DIR-based path, or cd into a known directory before the launch "
+        f"{what} {raw!r} is relative and {why}; skipped: {checks}",
+        fix
+        or "use an absolute or $JOB_DIR-based path, or cd into a known directory before the launch "
         '(cd "$MM_ROOT" with MM_ROOT set, or pass mm_root)',
         field=field,
         line=line,
@@ -196,4 +319,7 @@ def load_inputs(job: Job, files: list[Path]) -> None:
         if path.suffix == ".sh":
             job.load_script(path)
         else:
-            job.load(path, kind_hint="data_txt" if path.suffix == ".txt" else None)
+            job.load(
+                path,
+                kind_hint="hostfile" if is_hostfile(path) else "data_txt" if path.suffix == ".txt" else None,
+            )

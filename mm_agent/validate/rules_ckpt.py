@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from mm_agent.convert.manifest import MANIFEST, read_manifest
 from mm_agent.errors import MMAgentError
 from mm_agent.validate.files import open_text
 from mm_agent.validate.job import Job, Launch, to_int
-from mm_agent.validate.refs import CROSS_FILE_CHECKS, run_time_base, skipped
+from mm_agent.validate.refs import CROSS_FILE_CHECKS, locate, resolved_note, skipped
 
 TRACKER = "latest_checkpointed_iteration.txt"
 TRACKER_CHARS = 4096  # a tracker holds "release" or a step number; more is read no further
@@ -95,19 +96,19 @@ def _check_load(job: Job, launch: Launch) -> None:
             line=line,
         )
         return
-    base, why = run_time_base(job, launch, raw)
-    if base is None and why:
-        skipped(
-            job, "checkpoint directory (--load)", raw, why, CROSS_FILE_CHECKS["load"], (file, field, line)
-        )
+    what = "checkpoint directory (--load)"
+    found = locate(job, launch, raw)
+    if found.why:
+        skipped(job, what, raw, found.why, CROSS_FILE_CHECKS["load"], (file, field, line), fix=found.fix)
         return
+    resolved_note(job, what, raw, found, (file, field, line))
     path = job.check_path(
         raw,
-        base=base,
+        base=found.base,
         file=file,
         field=field,
         line=line,
-        what="checkpoint directory (--load)",
+        what=what,
         fix=f"fix {field}; if the path only exists on the cluster, ignore this (an invalid LOAD_PATH makes "
         "MindSpeed train from random init)",
     )
@@ -330,9 +331,10 @@ def _manifest(
     layers = job_lists.get("pp_layers", ("", []))[1]
     shown = ",".join(map(str, layers[0])) if len(layers) == 1 else str(layers).replace(" ", "")
     resplit = (
-        f"`mm-agent convert {manifest.converter} resplit --source {path} --target <new dir>"
+        f"`mm-agent convert {shlex.quote(manifest.converter)} resplit --source {shlex.quote(str(path))} "
+        "--target <new dir>"
         + (f" --tp {tp}" if tp and tp > 1 else "")
-        + (f" --pp-layers {shown}" if layers else "")
+        + (f" --pp-layers {shlex.quote(shown)}" if layers else "")
         + "`"
     )
     job.sink.error(

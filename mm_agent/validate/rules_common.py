@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,9 @@ def _bash_syntax(text: str) -> tuple[int, str] | None:
     return proc.returncode, proc.stderr
 
 
+_STRIP_CR = "s/\\r$//"  # sed's program that drops a CR before each newline
+
+
 def _script_syntax(job: Job, file: str, text: str) -> None:
     if "\r\n" in text:
         job.sink.error(
@@ -90,7 +94,8 @@ def _script_syntax(job: Job, file: str, text: str) -> None:
             file,
             "Windows (CRLF) line endings; bash fails with "
             "'syntax error near unexpected token' or '$'\\r': command not found'",
-            f"convert the file to LF line endings: `dos2unix {file}` (or `sed -i 's/\\r$//' {file}`)",
+            f"convert the file to LF line endings: `{shlex.join(['dos2unix', file])}` "
+            f"(or `{shlex.join(['sed', '-i', _STRIP_CR, file])}`)",
             line=text[: text.index("\r\n")].count("\n") + 1,
         )
     result = _bash_syntax(text.replace("\r\n", "\n"))
@@ -124,6 +129,7 @@ def _weight_paths(job: Job, cfg: ConfigFile, node: Any, path: str) -> None:
                     field=here,
                     line=cfg.line(here),
                     base=cfg.run_base,
+                    search=cfg.search,
                     what=key,
                     fix=f"set {here} to the downloaded Hugging Face directory (absolute, or relative to the "
                     "MindSpeed-MM root); it may also only exist on the training cluster",

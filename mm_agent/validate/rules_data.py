@@ -4,7 +4,6 @@ of `{path, cap}` records it names (combine mode, `DataFileReader.get_cap_list`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from mm_agent.validate.files import ConfigFile
 from mm_agent.validate.job import Job, exists
@@ -47,7 +46,15 @@ def _data_txt(job: Job, cfg: ConfigFile) -> None:
                 line=number,
             )
             continue
-        root = job.check_path(root_raw, file=file, field=None, line=number, what="dataset root")
+        root = job.check_path(
+            root_raw,
+            file=file,
+            field=None,
+            line=number,
+            what="dataset root",
+            base=cfg.run_base,
+            search=cfg.search,
+        )
         exists = root is not None and root.is_dir()
         data = job.check_path(
             json_raw,
@@ -58,6 +65,8 @@ def _data_txt(job: Job, cfg: ConfigFile) -> None:
             severity="error" if exists else "warning",
             rule="data_txt.json_missing" if exists else "path.missing",
             fix="point the part after the comma at the dataset's json list of {path, cap} records",
+            base=cfg.run_base,
+            search=cfg.search,
         )
         if data is not None and data.is_file():
             dataset = job.load(data)
@@ -84,24 +93,41 @@ def _videos(job: Job, cfg: ConfigFile, root: Path) -> None:
 
 
 def _raw_dataset(job: Job, cfg: ConfigFile) -> None:
-    bad: list[tuple[int, Any]] = []
-    for index, record in enumerate(cfg.data[:SAMPLE]):
-        if not isinstance(record, dict) or "path" not in record or "cap" not in record:
-            bad.append((index, record))
-    if not bad:
-        return
-    index, record = bad[0]
-    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-    renames = [f"{k} → {_RENAMES[k]}" for k in (record if isinstance(record, dict) else {}) if k in _RENAMES]
-    job.sink.error(
-        "dataset.keys",
-        str(cfg.path),
-        f"{len(bad)} of the first {min(len(cfg.data), SAMPLE)} records lack 'path'/"
-        f"'cap' (record {index} has {keys}); combine-mode loading fails with KeyError: 'path' / KeyError: "
-        "'cap'",
-        f"rename the record keys: {', '.join(renames)}"
-        if renames
-        else "give every record a 'path' (relative to the dataset root) and a 'cap' (caption)",
-        field=f"[{index}]",
-        line=cfg.line(f"[{index}]"),
-    )
+    """Records without `path` stop the run; records without `cap` are dropped (MindSpeed-MM 26.0.0 and 26.1.0,
+    same lines in both):
+    - `path`: combine mode's DataFileReader._change_path reads `item["path"]` of every record while the dataset
+      loads (mindspeed_mm/data/data_utils/utils.py:132), a KeyError before the first step;
+    - `cap`: OpensoraplanVideoProcessor.select_valid_data (the processor of every Wan/OpenSora-Plan config) drops
+      a record whose `sample.get("cap")` is None and counts it as "No Caption"
+      (mindspeed_mm/data/data_utils/video_processor.py:494 and 515-519); with the other processors, whose
+      select_valid_data keeps every record, `sample["cap"]` raises in T2VDataset.getitem
+      (mindspeed_mm/data/datasets/t2v_dataset.py:167) and __getitem__ catches it, prints "the error is 'cap'" and
+      returns a random other record instead (t2v_dataset.py:139-149). Either way the record is never trained on
+      and nothing stops, so it is a warning (rules_dataset reports a list from which nothing is left)."""
+    sampled = cfg.data[:SAMPLE]
+    no_path = [(i, r) for i, r in enumerate(sampled) if not isinstance(r, dict) or "path" not in r]
+    no_cap = [(i, r) for i, r in enumerate(sampled) if isinstance(r, dict) and "path" in r and "cap" not in r]
+    for bad, missing in ((no_path, "path"), (no_cap, "cap")):
+        if not bad:
+            continue
+        index, record = bad[0]
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        named = record if isinstance(record, dict) else {}
+        renames = [f"{k} → {_RENAMES[k]}" for k in named if k in _RENAMES and _RENAMES[k] not in named]
+        head = (
+            f"{len(bad)} of the first {len(sampled)} records have no {missing!r} (record {index} has {keys})"
+        )
+        job.sink.add(
+            "error" if missing == "path" else "warning",
+            "dataset.keys",
+            str(cfg.path),
+            head + "; loading the dataset stops with KeyError: 'path'"
+            if missing == "path"
+            else head + "; MindSpeed-MM drops them without an error (select_valid_data counts them as "
+            "'No Caption'), so they are never trained on",
+            f"rename the record keys: {', '.join(renames)}"
+            if renames
+            else "give every record a 'path' (relative to the dataset root) and a 'cap' (caption)",
+            field=f"[{index}]",
+            line=cfg.line(f"[{index}]"),
+        )

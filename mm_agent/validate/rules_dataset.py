@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +83,8 @@ class _Tally:
 
     scanned: int = 0
     total: int = 0
-    undecided: int = 0  # records this module cannot judge: no path/cap (rules_data's), tensors, no limits
+    undecided: int = 0  # records this module cannot judge: no path (rules_data's), tensors, no limits
+    uncaptioned: int = 0  # records without `cap`: dropped by select_valid_data, reported by rules_data
     missing: list[tuple[ConfigFile, int, list[str]]] = field(default_factory=list)
     refused: dict[str, list[tuple[ConfigFile, int, Refusal]]] = field(default_factory=dict)
     sizes: Counter[str] = field(default_factory=Counter)
@@ -97,11 +99,12 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _quiet(job: Job, raw: Any, base: Path | None = None) -> Path | None:
-    """The path when it exists inside the workspace; other rules report the ones that do not."""
+def _quiet(job: Job, raw: Any, cfg: ConfigFile | None = None) -> Path | None:
+    """The path when it exists inside the workspace, read from where `cfg`'s process runs; other rules report
+    the ones that do not."""
     if not isinstance(raw, str) or not raw.strip():
         return None
-    path = job.resolve(raw, base=base)
+    path = job.resolve(raw, base=cfg.run_base, search=cfg.search) if cfg else job.resolve(raw)
     return path if path is not None and job.inside(path) and exists(path) else None
 
 
@@ -164,7 +167,7 @@ def _frames(job: Job, cfg: ConfigFile, lim: ClipLimits) -> None:
 
 def _raw_lists(job: Job, cfg: ConfigFile) -> list[tuple[Path | None, ConfigFile]]:
     """(dataset root, json list) for each list the config reads: the lines of its data.txt, or its json."""
-    path = _quiet(job, cfg.get(f"{_BP}.data_path"), cfg.run_base)
+    path = _quiet(job, cfg.get(f"{_BP}.data_path"), cfg)
     if path is None or not is_file(path):
         return []
     if path.suffix != ".txt":
@@ -178,10 +181,10 @@ def _raw_lists(job: Job, cfg: ConfigFile) -> list[tuple[Path | None, ConfigFile]
         root_raw, comma, json_raw = text.strip().rpartition(",")
         if text.strip().startswith("#") or not comma:
             continue  # rules_data reports malformed lines
-        data = _quiet(job, json_raw, txt.run_base)
+        data = _quiet(job, json_raw, txt)
         found = job.load(data) if data is not None and is_file(data) else None
         if found is not None and found.kind == "raw_dataset":
-            out.append((_quiet(job, root_raw, txt.run_base), found))
+            out.append((_quiet(job, root_raw, txt), found))
     return out
 
 
@@ -190,8 +193,11 @@ def _judge(tally: _Tally, dataset: ConfigFile, index: int, record: Any, lim: Cli
     opensoraplan = lim.processor == OPENSORAPLAN
     path = record.get("path") if isinstance(record, dict) else None
     ext = os.path.splitext(path)[1].lower() if isinstance(path, str) else ""
-    if not isinstance(path, str) or "cap" not in record or ext in TENSOR_EXT:
+    if not isinstance(path, str) or ext in TENSOR_EXT or ("cap" not in record and not opensoraplan):
         tally.undecided += 1
+        return
+    if "cap" not in record:  # `sample.get("cap", None) is None`: dropped as 'No Caption' (see rules_data)
+        tally.uncaptioned += 1
         return
     if record["cap"] is None:
         tally.refuse(
@@ -255,7 +261,8 @@ def _report_clips(job: Job, tally: _Tally) -> None:
             str(dataset.path),
             f"{len(tally.missing)} of {_of(tally)} records lack clip metadata (record {index}: no "
             f"{', '.join(lacking)}); MindSpeed-MM's select_valid_data silently drops such records",
-            f"run `mm-agent dataset {root} --model {model or '<model>'} --yes`: it probes every clip and "
+            f"run `mm-agent dataset {shlex.quote(root) if tally.roots else root} --model "
+            f"{shlex.quote(model) if model else '<model>'} --yes`: it probes every clip and "
             "writes num_frames, fps and resolution {height, width} into the records",
             field=f"[{index}]",
             line=dataset.line(f"[{index}]"),
@@ -321,10 +328,13 @@ def _vlm_config(job: Job, cfg: ConfigFile, at: str) -> None:
     names = bp.get("dataset")
     if attr["formatting"] != "sharegpt" or attr["ranking"] or not isinstance(names, str):
         return
-    base = _quiet(job, bp.get("dataset_dir"))
+    base = _quiet(job, bp.get("dataset_dir"), cfg)
     base = base if base is not None and is_dir(base) else None
     for name in (n for n in names.split(",") if n.strip()):
-        candidates = [job.resolve(name, base=base) if base else None, job.resolve(name)]
+        candidates = [
+            job.resolve(name, base=base) if base else None,
+            job.resolve(name, base=cfg.run_base, search=cfg.search),
+        ]
         path = next((p for p in candidates if p is not None and job.inside(p) and is_file(p)), None)
         if path is None:
             continue  # rules_vlm reports a missing dataset

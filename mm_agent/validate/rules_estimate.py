@@ -9,6 +9,7 @@ launch, after the checkpoint has loaded.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -44,6 +45,6 @@ def check(job: Job) -> None:
             "estimate.over_budget",
             str(job_dir / JOB_FILE),
             f"estimated {result.per_device_gb:g} GB per device, over the {result.device_gb:g} GB of {result.device} "
-            f"(largest: {parts} GB); `mm-agent estimate {job_dir}` itemises it",
+            f"(largest: {parts} GB); `{shlex.join(['mm-agent', 'estimate', str(job_dir)])}` itemises it",
             fix,
         )

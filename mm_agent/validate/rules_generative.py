@@ -35,12 +35,18 @@ def _data_path(job: Job, cfg: ConfigFile) -> None:
     raw = cfg.get(f"{_BP}.data_path")
     field = f"{_BP}.data_path"
     path = job.check_path(
-        raw, file=str(cfg.path), field=field, line=cfg.line(field), what="data_path", base=cfg.run_base
+        raw,
+        file=str(cfg.path),
+        field=field,
+        line=cfg.line(field),
+        what="data_path",
+        base=cfg.run_base,
+        search=cfg.search,
     )
     if path is not None and path.is_file() and path.suffix == ".txt" and job.inside(path):
         txt = job.load(path, kind_hint="data_txt")
-        if txt is not None and txt.run_base is None:
-            txt.run_base = cfg.run_base  # read by the same process
+        if txt is not None and txt.run_base is None and not txt.search:
+            txt.run_base, txt.search = cfg.run_base, cfg.search  # read by the same process
 
 
 def _feature_data(job: Job, cfg: ConfigFile) -> None:
@@ -68,6 +74,7 @@ def _feature_data(job: Job, cfg: ConfigFile) -> None:
                 line=cfg.line(folder_field),
                 what="data_folder",
                 base=cfg.run_base,
+                search=cfg.search,
             )
     field = f"{_BP}.data_path"
     jsonl = job.check_path(
@@ -78,6 +85,7 @@ def _feature_data(job: Job, cfg: ConfigFile) -> None:
         what="data_path",
         fix="run feature extraction first (it writes <save_path>/data.jsonl), or fix data_path",
         base=cfg.run_base,
+        search=cfg.search,
     )
     if jsonl is not None and jsonl.is_file():
         _jsonl(job, jsonl, folder)

@@ -12,6 +12,11 @@ Manifests are recognised by content: an Ascend Operator `AscendJob` (mindxdl.git
 - `launcher.npus` (error): a container's `huawei.com/Ascend910` request/limit is not npus_per_node.
 - `launcher.script` (error): the script it starts is not in the job.
 - `launcher.image` (warning): the image is still the placeholder mm-agent renders.
+- `launcher.hostfile` (error): a line of a hostfile (`hosts`, `hostfile`, `*.hosts`, ... in the job or
+  named on its own) whose host launch_all.sh refuses: not a name, an IPv4/IPv6 address or user@host. Such a
+  line reached ssh as an option and a shell (GNU sed's `e` flag) as code before launch_all.sh checked it.
+- `launcher.chdir` (error): slurm.sbatch's `#SBATCH --chdir=` value holds what sbatch reads itself in a
+  directive line (whitespace, quotes, backslash, `#`): the submit fails, or the rest becomes directives.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ from typing import Any
 
 import yaml
 
-from mm_agent.launchers import IMAGE_PLACEHOLDER, LAUNCHER_FILES, NPU_RESOURCE
+from mm_agent.launchers import (
+    HOST_FIX,
+    IMAGE_PLACEHOLDER,
+    LAUNCHER_FILES,
+    NPU_RESOURCE,
+    bad_hosts,
+    sbatch_unsafe,
+)
 from mm_agent.validate.files import ConfigFile, read_text
 from mm_agent.validate.job import Job, is_file, to_int
 from mm_agent.validate.rules_ranktable import launch_layout
@@ -37,6 +49,7 @@ CRDS = {
 }
 _EXEC = re.compile(r"^exec bash (.+)$", re.MULTILINE)
 _SCRIPT_VAR = re.compile(r"^SCRIPT=(.+)$", re.MULTILINE)
+_CHDIR = re.compile(r"^#SBATCH[ \t]+(?:--chdir=|-D[ \t]*)(.*)$", re.MULTILINE)
 _REGEN = (
     "re-render it: mm-agent render --from <job dir>/job.yaml --out <job dir> --launcher <launcher> --force"
 )
@@ -209,7 +222,37 @@ def _shell(job: Job, path: Path, text: str, nnodes: int | None, pattern: str) ->
     _script(job, str(path), script.group(1) if script else None, path.parent)
 
 
+def _hostfile(job: Job, cfg: ConfigFile) -> None:
+    for line, host in bad_hosts(cfg.text):
+        job.sink.error(
+            "launcher.hostfile",
+            str(cfg.path),
+            f"{host!r} is not a host name, IPv4/IPv6 address or user@host: launch_all.sh refuses this hostfile "
+            "(ssh would read a leading `-` as an option, pdsh `[`, `,` or `^` as host-list syntax)",
+            HOST_FIX,
+            line=line,
+        )
+
+
+def _chdir(job: Job, path: Path, text: str) -> None:
+    for found in _CHDIR.finditer(text):
+        unsafe = sbatch_unsafe(found.group(1).rstrip("\r"))
+        if unsafe:
+            job.sink.error(
+                "launcher.chdir",
+                str(path),
+                f"the #SBATCH --chdir value holds {' '.join(map(repr, unsafe))}: sbatch splits a directive line "
+                "at whitespace and reads quotes, backslashes and `#` itself, so the submit fails or the rest of "
+                "the line becomes #SBATCH directives of its own",
+                "move the job to a directory whose path has none of them and re-render it there "
+                "(mm-agent render --from job.yaml with --out set to that directory; render_job out_dir)",
+                line=text[: found.start()].count("\n") + 1,
+            )
+
+
 def check(job: Job) -> None:
+    for cfg in job.of_kind("hostfile"):
+        _hostfile(job, cfg)
     base, nnodes, npus = _layout(job)
     for cfg in list(job.configs.values()):
         if isinstance(cfg.data, dict) and (cfg.data.get("apiVersion"), cfg.data.get("kind")) in CRDS:
@@ -224,3 +267,4 @@ def check(job: Job) -> None:
         text = read_text(sbatch, job.sink, job.root)
         if text is not None:
             _shell(job, sbatch, text, nnodes, r"^#SBATCH --nodes=(\d+)$")
+            _chdir(job, sbatch, text)

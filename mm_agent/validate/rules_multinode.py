@@ -12,6 +12,7 @@ here: the launcher sets MASTER_ADDR on every node (the first host, or the cluste
 from __future__ import annotations
 
 import ipaddress
+import shlex
 
 from mm_agent.validate.job import Job, Launch, to_int
 
@@ -40,10 +41,13 @@ def unreachable(addr: str | None) -> str | None:
     return None
 
 
-def fix_text(job_dir: str = "<job dir>") -> str:
+def fix_text(job_dir: str | None = None) -> str:
+    """The re-render that sets a reachable master address (the job dir shell-quoted: it is pasted)."""
+    where = shlex.quote(job_dir) if job_dir is not None else "<job dir>"
+    yaml_file = shlex.quote(job_dir + "/job.yaml") if job_dir is not None else "<job dir>/job.yaml"
     return (
         "set master_addr to the IP address of node 0 that every node can reach: "
-        f"mm-agent render --from {job_dir}/job.yaml --out {job_dir} --master-addr <node-0 ip> --force "
+        f"`mm-agent render --from {yaml_file} --out {where} --master-addr <node-0-ip> --force` "
         "(or render_job with master_addr)"
     )
 

@@ -52,16 +52,16 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _quiet(job: Job, raw: Any, base: Path | None = None) -> Path | None:
+def _quiet(job: Job, raw: Any, cfg: ConfigFile) -> Path | None:
     if not isinstance(raw, str) or not raw.strip():
         return None
-    path = job.resolve(raw, base=base)
+    path = job.resolve(raw, base=cfg.run_base, search=cfg.search)
     return path if path is not None and job.inside(path) and exists(path) else None
 
 
 def _hf_dir(job: Job, cfg: ConfigFile, at: str) -> None:
     field = f"{at}.preprocess_parameters.model_name_or_path"
-    path = _quiet(job, cfg.get(field))
+    path = _quiet(job, cfg.get(field), cfg)
     if path is None or not path.is_dir():
         return
     lacking = [n for n in ("config.json", "preprocessor_config.json") if not (path / n).is_file()]
@@ -84,9 +84,21 @@ def _datasets(job: Job, cfg: ConfigFile, at: str, dp: dict[str, Any]) -> None:
     field = f"{at}.basic_parameters.dataset"
     if not isinstance(names, str):
         return
-    base = job.resolve(bp["dataset_dir"]) if isinstance(bp.get("dataset_dir"), str) else None
+    run, search = cfg.run_base, cfg.search  # where the training process reads them from
+    base = (
+        job.resolve(bp["dataset_dir"], base=run, search=search)
+        if isinstance(bp.get("dataset_dir"), str)
+        else None
+    )
     for name in [n for n in names.split(",") if n.strip()]:
-        candidates = [p for p in (job.resolve(name, base=base) if base else None, job.resolve(name)) if p]
+        candidates = [
+            p
+            for p in (
+                job.resolve(name, base=base) if base else None,
+                job.resolve(name, base=run, search=search),
+            )
+            if p
+        ]
         found = next((p for p in candidates if job.inside(p) and is_file(p)), None)
         if found is None:
             _dataset_missing(job, cfg, field, name, candidates)

@@ -34,6 +34,7 @@ _WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
     "numactl": (frozenset({"-N", "-m", "-C", "-p", "-i"}), 0),
     "setsid": (frozenset(), 0),
 }
+_CD_VAR = re.compile(r'"?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?"?')  # `cd "$VAR"`, `cd ${VAR}`
 _FLAG_EQ = re.compile(r"""^["']?(--[A-Za-z0-9][\w-]*)=""")
 
 
@@ -52,9 +53,11 @@ class LaunchCommand:
     flags: dict[str, list[str | None]]
     positionals: list[str | None]
     has_unknown: bool
-    # the working directory it starts in: `cd` ran before it (cd_line), to `cwd` (None: not known statically)
+    # the working directory it starts in: `cd` ran before it (cd_line), to `cwd` (None: not known statically);
+    # `cd "$MM_ROOT"` with MM_ROOT from the environment: cwd None, cd_var "MM_ROOT" (the validator may know it)
     cd_line: int | None = None
     cwd: str | None = None
+    cd_var: str | None = None
 
     def value(self, flag: str) -> str | None:
         values = self.flags.get(flag)
@@ -230,6 +233,8 @@ def parse_script(path: str, text: str) -> ScriptInfo:
     depth = 0
     cd_line: int | None = None
     cwd: str | None = None
+    cd_var: str | None = None
+    pushed: list[tuple[int | None, str | None, str | None]] = []
     for stmt in split_statements(text):
         words = split_words(stmt.text)
         while words and words[0] in ("then", "do", "else", "{", "!", "time"):
@@ -246,10 +251,17 @@ def parse_script(path: str, text: str) -> ScriptInfo:
         if head in _DECLARE or all(_ASSIGN.match(w) for w in words):
             _assign(info, expander, words, stmt.line, conditional=depth > 0)
             continue
-        if head == "cd":
+        if head in ("cd", "pushd"):
+            if head == "pushd":
+                pushed.append((cd_line, cwd, cd_var))
             target = expander.word(words[1]) if len(words) > 1 else [None]
             cd_line = stmt.line
             cwd = target[0] if len(target) == 1 and depth == 0 else None
+            var = _CD_VAR.fullmatch(words[1]) if len(words) > 1 and depth == 0 else None
+            cd_var = var.group(1) if var else None
+            continue
+        if head == "popd":
+            cd_line, cwd, cd_var = pushed.pop() if pushed and depth == 0 else (stmt.line, None, None)
             continue
         run = _unwrap(expander, words)
         if run and run[0] in ("bash", "sh") and len(run) > 1 and not run[1].startswith("-"):
@@ -259,7 +271,7 @@ def parse_script(path: str, text: str) -> ScriptInfo:
             continue
         command = _launch(expander, words, stmt.line)
         if command is not None:
-            command.cd_line, command.cwd = cd_line, cwd
+            command.cd_line, command.cwd, command.cd_var = cd_line, cwd, cd_var
             info.commands.append(command)
     return info
 

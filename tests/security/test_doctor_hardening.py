@@ -33,15 +33,10 @@ from mm_agent.server import build_server
 HANG_GUARD_S = 120  # never reached when the doctor works; a hang fails the test instead of the suite
 
 
-@pytest.fixture
-def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A workspace (and cwd); no ambient MM_ROOT; doctor state in tmp."""
+@pytest.fixture(autouse=True)
+def _no_mm_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ambient MM_ROOT: the workspace (`ws`, tests/conftest.py) is all these tests see."""
     monkeypatch.delenv("MM_ROOT", raising=False)
-    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
-    root = tmp_path / "ws"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    return root
 
 
 def _call(ws: Path, tool: str, args: dict[str, Any]) -> Any:
@@ -157,55 +152,61 @@ def test_a_real_venv_inside_the_workspace_is_accepted(ws: Path, base: str) -> No
 # nothing a probe starts outlives the call
 
 
-def _pth(site: Path, code: str) -> None:
-    """A .pth line starting with `import` runs at every start of the venv's interpreter."""
-    (site / "zz_probe_test.pth").write_text("import os, subprocess, time; " + code + "\n", encoding="utf-8")
+def _torch(site: Path, code: str) -> None:
+    """A `torch` (with torch and torch_npu metadata) that runs `code` when the torch_npu_import check's probe
+    imports it. (A .pth line no longer runs at all: tests/security/test_code_execution.py.)"""
+    for name in ("torch", "torch_npu"):
+        info = site / f"{name}-2.7.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 2.7.1\n", encoding="utf-8"
+        )
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        "import os, subprocess, time\n" + code + "\n__version__ = '2.7.1'\n", encoding="utf-8"
+    )
+
+
+IMPORTS_TORCH = {"python": "venv/bin/python", "checks": ["torch_npu_import"]}
 
 
 def test_a_hanging_probe_is_stopped_with_everything_it_started(ws: Path, reap: list[int]) -> None:
-    """The interpreter starts a `sleep` in its own group and one in a new session (as torchrun's workers
-    are), then hangs: at the timeout all three die, and the call still answers."""
+    """`import torch` in the probe starts a `sleep` in its own group and one in a new session (as torchrun's
+    workers are), then hangs: at the timeout all three die, and the call still answers."""
     pidfile = ws / "pids"
     site = _venv(ws / "venv", copies=True)
-    _pth(
+    _torch(
         site,
         'a = subprocess.Popen(["sleep", "600"]); '
         'b = subprocess.Popen(["sleep", "600"], start_new_session=True); '
         f"open({str(pidfile)!r}, 'a').write(f'{{os.getpid()}} {{a.pid}} {{b.pid}} '); "
         "time.sleep(600)",
     )
-    report = _report(
-        _call(
-            ws,
-            "check_environment",
-            {"python": "venv/bin/python", "checks": ["python_version"], "timeout_s": 5},
-        )
-    )
+    report = _report(_call(ws, "check_environment", {**IMPORTS_TORCH, "timeout_s": 5}))
     pids = _pids(pidfile)
     reap.extend(pids)
     assert [pid for pid in pids if _alive(pid)] == [], "the probe left processes running"
     check = report.checks[0]
-    assert check.status == "fail" and re.search(r"did not finish .* within [\d.]+ s", check.summary), check
+    assert check.status == "warn" and re.search(r"did not finish .* within [\d.]+ s", check.summary), check
 
 
 def test_a_probe_that_leaves_a_background_process_leaves_nothing(ws: Path, reap: list[int]) -> None:
-    """The interpreter daemonizes a `sleep` (new session, output detached) and a plain child, then
-    answers normally: the answer is used, and neither sleeper survives the call."""
+    """`import torch` in the probe daemonizes a `sleep` (new session, output detached) and a plain child,
+    then the probe answers normally: the answer is used, and neither sleeper survives the call."""
     pidfile = ws / "pids"
     site = _venv(ws / "venv", copies=True)
-    _pth(
+    _torch(
         site,
         'd = subprocess.Popen(["sleep", "600"], start_new_session=True, stdout=subprocess.DEVNULL, '
         "stderr=subprocess.DEVNULL); "
         'c = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); '
         f"open({str(pidfile)!r}, 'a').write(f'{{d.pid}} {{c.pid}} ')",
     )
-    report = _report(
-        _call(ws, "check_environment", {"python": "venv/bin/python", "checks": ["python_version"]})
-    )
+    report = _report(_call(ws, "check_environment", IMPORTS_TORCH))
     pids = _pids(pidfile)
     reap.extend(pids)
-    assert report.checks[0].status in {"ok", "warn"}, report.checks[0]
+    check = report.checks[0]  # the probe's answer was used: torch imported, then torch_npu did not
+    assert check.status == "fail" and "No module named 'torch_npu'" in " ".join(check.evidence), check
     assert [pid for pid in pids if _alive(pid)] == [], "the probe's background processes survived"
 
 
@@ -342,16 +343,16 @@ def test_fifos_in_a_checkout_or_a_job_are_refused_not_read(ws: Path, fifos: list
 
 
 def test_probe_processes_are_in_their_own_group_and_marked(ws: Path) -> None:
-    """The env probe's interpreter runs as a group leader (so the group can be killed) and carries the
+    """The probe's interpreter runs as a group leader (so the group can be killed) and carries the
     containment token in its environment (so a child that left the group is still found)."""
     pidfile = ws / "pids"
     site = _venv(ws / "venv", copies=True)
-    _pth(
+    _torch(
         site,
         f"open({str(pidfile)!r}, 'w').write("
         "f\"{os.getpid()} {os.getpgid(0)} {int('MM_AGENT_CONTAINED' in os.environ)}\")",
     )
-    _report(_call(ws, "check_environment", {"python": "venv/bin/python", "checks": ["python_version"]}))
+    _report(_call(ws, "check_environment", IMPORTS_TORCH))
     pid, pgid, marked = _pids(pidfile)
     assert pid == pgid and pgid != os.getpgid(0)
     assert marked == 1
