@@ -7,8 +7,10 @@ prefilter runs them there.
 Which signatures explain a line (`match_line`) goes by precedence, most telling first: a noise signature
 (a line healthy runs print too) takes the line from every other one, so a notice that happens to contain
 "Name or service not known" never becomes a missing dependency; then the rules whose context holds (a
-SIGKILL while the checkpoint loads is the host OOM killer's); then the specific rules; the generic
-catch-alls only when nothing else matched.
+SIGKILL while the checkpoint loads is the host OOM killer's); then the rules for an error the program caught
+and went on from (a data set's "Data x.mp4: the error is [Errno 2] No such file …" is a skipped sample, not a
+missing video that stopped the run); then the specific rules; the generic catch-alls only when nothing else
+matched.
 """
 
 from __future__ import annotations
@@ -196,13 +198,15 @@ def match_line(
     before: Callable[[], Sequence[str]] | None = None,
 ) -> Matches:
     """Signatures that explain `line`, by precedence (module docstring): the noise ones that match, else
-    the rules whose context holds, else every specific one, else the generic ones.
+    the rules whose context holds, else the handled-error ones, else every specific one, else the generic
+    ones.
 
     `before` gives the lines logged before this one (oldest first), asked only when a rule with a context
     matches; without it those rules never apply.
     """
     noise: Matches = []
     placed: Matches = []
+    handled: Matches = []
     specific: Matches = []
     generic: Matches = []
     window: Sequence[str] | None = None
@@ -217,6 +221,8 @@ def match_line(
                 window = before() if window is None else window
                 if entry.in_context(window):
                     placed.append((entry, m))
+        elif entry.sig.handled:
+            handled.append((entry, m))
         else:
             (generic if entry.sig.generic else specific).append((entry, m))
-    return noise or placed or specific or generic
+    return noise or placed or handled or specific or generic

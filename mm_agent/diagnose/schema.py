@@ -215,6 +215,12 @@ class Signature(_Frozen):
         "before them, count as this rule's instead (torchrun's teardown SIGKILL of PID N explains the "
         "`exitcode: -9 (pid: N)` line after it)",
     )
+    handled: bool = Field(
+        default=False,
+        description="the line reports an error the program caught and went on from (a data set that skips "
+        "a sample it cannot read and takes another): it takes the line from the other specific rules, which "
+        "would read the quoted error as the run's failure. Only for warnings",
+    )
     generic: bool = Field(
         default=False,
         description="a catch-all (e.g. any `No module named`): applies to a line only when no specific "
@@ -255,6 +261,13 @@ class Signature(_Frozen):
                 "category 'none' goes with effect 'noise' and only with it: noise is a healthy line, "
                 "every other effect names a failure's category"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _handled_is_a_warning(self) -> Signature:
+        """An error the program caught and went on from is worth knowing, never the run's failure."""
+        if self.handled and self.effect != "warning":
+            raise ValueError("handled: true is for warnings: the program went on after the error it reports")
         return self
 
     @model_validator(mode="after")

@@ -137,6 +137,30 @@ def test_noise_and_warnings_alone_are_healthy_and_never_outrank_a_fatal() -> Non
     assert loud.root_cause is not None and loud.root_cause.rule_id == "decord_missing"
 
 
+ITERATION = (
+    " iteration {i:8d}/      10 | consumed samples:            {i} | elapsed time per iteration (ms): 1000.0 |"
+    " learning rate: 1.000000E-05 | global batch size:     1 | lm loss: 1.000000E-01 | loss scale: 1.0 |"
+    " grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+SKIPPED = (  # MindSpeed-MM's T2VDataset.__getitem__ prints the error and takes another sample
+    "Data /data/clips/0001.mp4: the error is [Errno 2] No such file or directory: '/data/clips/0001.mp4'"
+)
+
+
+def test_a_skipped_sample_is_not_the_failure_of_a_run_that_went_on() -> None:
+    """The quoted error (a missing video) matched video_file_missing, a fatal primary cause: a healthy run
+    that skipped one sample was diagnosed as stopped by it."""
+    report = diagnose("\n".join([ITERATION.format(i=1), SKIPPED, ITERATION.format(i=2)]) + "\n")
+    assert report.category == "none", [f.rule_id for f in report.findings]
+    assert ids(report) == {"data_sample_skipped"}
+
+
+def test_a_missing_video_that_stops_the_run_is_still_the_cause() -> None:
+    line = "FileNotFoundError: [Errno 2] No such file or directory: '/data/clips/0001.mp4'"
+    report = diagnose("\n".join([SKIPPED, line]) + "\n")
+    assert report.root_cause is not None and report.root_cause.rule_id == "video_file_missing"
+
+
 # --- context: SIGKILL while loading, a stop after a failure ----------------------------------------------
 
 SENDING = (
@@ -318,6 +342,7 @@ BASE = {
             "lines",
         ),
         ({"examples": {"match": ["boom"], "out_of_context": ["x"]}}, "context"),
+        ({"handled": True}, "handled"),
     ],
     ids=[
         "none-not-noise",
@@ -327,6 +352,7 @@ BASE = {
         "bad-context-regex",
         "zero-lines",
         "context-examples-without-context",
+        "handled-fatal",
     ],
 )
 def test_bad_context_fields_name_the_file_and_field(
