@@ -154,6 +154,8 @@ def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     )
     if r.fit and not r.fit.startswith("fits "):  # a plain fit stays in the data
         text += f"\nmemory: {r.fit}"
+    for line in getattr(r, "load_check", []):  # what the training will load (mm_agent/loadcheck.py)
+        text += f"\nload {line}"
     if r.status == "dry_run":
         text += "\nconfirm=true writes them"
         text += "." if detail else "; file texts: detail=true, or read mm-agent://jobs/<path> once written."

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mm_agent.dataset.formats import default_index
 from mm_agent.errors import MMAgentError
 from mm_agent.fields import Name, PathText
 from mm_agent.paths import inside, resolve, where
@@ -448,10 +449,12 @@ def _wan_arch(
     weights_dir: str,
     root: Path | None,
     hf_id: str | None = None,
+    size_arch: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], WanWeights | None]:
-    """The size's arch, overlaid with what the checkpoint's config.json files say (Wan family only; with
-    `root`, only when weights_dir is inside the workspace)."""
-    arch = dict(size.arch)
+    """The size's arch (`size_arch`: at the job's version and task, SizeSpec.arch_at), overlaid with what the
+    checkpoint's config.json files say (Wan family only; with `root`, only when weights_dir is inside the
+    workspace)."""
+    arch = dict(size.arch if size_arch is None else size_arch)
     if not is_wan_family(entry):
         overrides = [f for f in ("num_frames", "max_height", "max_width", "text_len") if getattr(spec, f)]
         if overrides:
@@ -514,12 +517,14 @@ def resolve_job(
             fix=f"use --mm-version {have[-1]}" if have else "pick another model",
         )
     task = _pick_task(entry, spec, version_id)
+    entry = entry.for_task(task)  # a task converted by its own converter (registry `tasks[].converter`)
     size = _pick_size(entry, task, spec)
     _check_arch_flags(entry, size)
     spec = _task_defaults(entry, size, task, spec)
     version = reg.versions.get(version_id)
     assert version is not None  # check_version guarantees it
-    par = size.parallel
+    # this version's stock layout (the size's registry `changes` for this version and task)
+    par = size.parallel_at(version_id, task.id, task.backend)
 
     npus, nnodes = spec.npus_per_node or par.npus_per_node, spec.nnodes or par.nnodes
     tp, pp, cp = spec.tp or par.tp, spec.pp or par.pp, spec.cp or par.cp
@@ -558,7 +563,8 @@ def resolve_job(
     jd = job_dir.resolve()
     hf_id = task_repo(size.hf_ids, task.weights_of or task.id)
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
-    arch, wan = _wan_arch(entry, size, spec, weights, root, hf_id)
+    size_arch = size.arch_at(version_id, task.id, task.backend)
+    arch, wan = _wan_arch(entry, size, spec, weights, root, hf_id, size_arch)
 
     num_layers = arch.get("num_layers")
     pnl = _layers_for(spec, int(num_layers) if num_layers else None, pp, par.pipeline_num_layers)
@@ -593,9 +599,12 @@ def resolve_job(
         weights_dir=weights,
         load_path=_abs(base, spec.load_path) if spec.load_path else default_load,
         dataset_dir=_abs(base, spec.dataset_dir),
+        # the index this model's reader reads (data.jsonl for CogVideoX/StepVideo, data.json for the rest)
         dataset_file=_abs(base, spec.dataset_file)
         if spec.dataset_file
-        else str(Path(_abs(base, spec.dataset_dir)) / "data.json"),
+        else str(
+            Path(_abs(base, spec.dataset_dir)) / default_index(entry.id, task.id, version_id, task.backend)
+        ),
         save_path=_abs(base, spec.save_path) if spec.save_path else str(jd / "checkpoints"),
         feature_dir=_abs(base, spec.feature_dir) if spec.feature_dir else str(jd / "sora_features"),
         npus_per_node=npus,

@@ -43,6 +43,10 @@ class PipelineStage(BaseModel):
         default_factory=list, description="MindSpeed-MM files this stage runs or edits"
     )
     notes: list[str] = Field(default_factory=list)
+    sources: list[str] = Field(
+        default_factory=list,
+        description="where upstream says these steps: README § heading (registry/data/steps/<model>.yaml)",
+    )
 
 
 _ENV_VAR = re.compile(r"^\$[A-Z_][A-Z0-9_]*$")
@@ -83,10 +87,20 @@ _FLAT_FLAGS: dict[str, dict[str, tuple[str, str, str | None]]] = {
         "to_training": ("--hf_dir", "--dcp_dir", None),
         "to_hf": ("--load_dir", "--save_dir", "--model_assets_dir"),
     },
-    "GenericDCPConverter": {"to_training": ("--hf_dir", "--dcp_dir", None)},
+    "GenericDCPConverter": {  # checkpoint/fsdp/generic_dcp_converter.py:19-27, 74-83 (26.0.0, 26.1.0)
+        "to_training": ("--hf_dir", "--dcp_dir", None),
+        "to_hf": ("--load_dir", "--save_dir", "--model_assets_dir"),
+    },
     "Qwen3TTSConverter": {"to_hf": ("--load_dir", "--save_dir", "--model_assets_dir")},
     "MOSSTTSConverter": {"to_hf": ("--load_dir", "--save_dir", "--model_assets_dir")},
-    "Qwen35Converter": {"to_hf": ("--dcp_dir", "--save_hf_dir", "--origin_hf_dir")},
+    "Qwen35Converter": {  # hf_to_dcp: checkpoint/vlm_model/converters/qwen3_5.py:27-35 (26.0.0)
+        "to_training": ("--hf_dir", "--dcp_dir", None),
+        "to_hf": ("--dcp_dir", "--save_hf_dir", "--origin_hf_dir"),
+    },
+    "Mistral3Converter": {  # checkpoint/vlm_model/converters/mistral3.py:54-58, 104-108 (26.0.0, 26.1.0)
+        "to_training": ("--hf_dir", "--dcp_dir", None),
+        "to_hf": ("--load_dir", "--save_dir", "--model_assets_dir"),
+    },
 }
 
 
@@ -107,7 +121,7 @@ def convert_dirs(entry: ModelEntry, size: SizeSpec) -> tuple[str, str]:
 
 
 Layers = list[int] | list[list[int]]
-ConvertRole = Literal["to_mm", "to_hf", "resplit", "flat_to_training", "flat_to_hf"]
+ConvertRole = Literal["to_mm", "to_hf", "resplit", "flat_to_training", "flat_to_hf", "paths"]
 _CFG_METHODS = ("hf_to_mm", "source_to_mm", "mm_to_hf", "resplit")
 
 
@@ -124,6 +138,8 @@ def convert_role(conv: ConverterSpec, method: str) -> ConvertRole:
             field="method",
             fix=f"use one of: {', '.join(conv.methods)}",
         )
+    if method in conv.path_methods:
+        return "paths"
     if conv.arg_style == "flat" and method == conv.to_training:
         return "flat_to_training"
     if conv.arg_style == "flat" and method == conv.to_hf:
@@ -186,6 +202,7 @@ def mm_convert_argv(
     source_pp_layers: Layers | None = None,
     source_vit_pp_layers: Layers | None = None,
     init_args: dict[str, str] | None = None,
+    audio_pp_layers: Layers | None = None,
 ) -> list[str]:
     """argv of `mm-convert <Class> [--init args] <method> ...` in the converter's own argument shape.
 
@@ -193,12 +210,16 @@ def mm_convert_argv(
     nested list means VPP); VLM `--cfg.mm_dir/hf_config.hf_dir/parallel_config.*` with *nested* lists for
     hf_to_mm and flat ones for mm_to_hf and resplit; DCP converters with flat flags. For VLM mm_to_hf the
     lists describe the source checkpoint; for resplit `source_*` do. Lists that are None are left out.
+    `audio_pp_layers` (omni models) goes with hf_to_mm/mm_to_hf like the ViT list. The program is
+    `converter_program(conv)`: `mm-convert`, or MindSpeed-MM's CLI after importing a module it misses.
     """
     role = convert_role(conv, method)
-    argv = ["mm-convert", conv.class_name]
+    argv = [*converter_program(conv), conv.class_name]
     for key, value in (conv.init_args if init_args is None else init_args).items():
         argv += [f"--{key}", value]
     argv.append(method)
+    if role == "paths":
+        return [*argv, "--cfg.source_path", source, "--cfg.target_path", target]
 
     if role in ("flat_to_training", "flat_to_hf"):
         direction = "to_training" if role == "flat_to_training" else "to_hf"
@@ -208,7 +229,9 @@ def mm_convert_argv(
     if vlm:
         if role == "to_mm":
             argv += ["--cfg.mm_dir", target, "--cfg.hf_config.hf_dir", source]
-            return argv + _vlm_parallel("parallel_config", tp, pp_layers, vit_pp_layers, nested=True)
+            return argv + _vlm_parallel(
+                "parallel_config", tp, pp_layers, vit_pp_layers, nested=True, audio=audio_pp_layers
+            )
         if role == "to_hf":
             argv += [
                 "--cfg.save_hf_dir",
@@ -218,7 +241,9 @@ def mm_convert_argv(
                 "--cfg.hf_config.hf_dir",
                 hf_dir or source,
             ]
-            return argv + _vlm_parallel("parallel_config", tp, pp_layers, vit_pp_layers, nested=False)
+            return argv + _vlm_parallel(
+                "parallel_config", tp, pp_layers, vit_pp_layers, nested=False, audio=audio_pp_layers
+            )
         argv += ["--cfg.source_dir", source, "--cfg.target_dir", target]
         argv += _vlm_parallel(
             "source_parallel_config",
@@ -239,9 +264,53 @@ def mm_convert_argv(
     return argv
 
 
-def _vlm_parallel(prefix: str, tp: int, llm: Layers | None, vit: Layers | None, *, nested: bool) -> list[str]:
+def converter_program(conv: ConverterSpec) -> list[str]:
+    """The program that runs MindSpeed-MM's converter CLI for `conv`.
+
+    `mm-convert` (MindSpeed-MM's console script, `checkpoint.convert_cli:main`) offers the converter classes
+    whose modules `checkpoint/__init__.py` imports. For any other class (`cli_registered: false`, e.g.
+    OpenSoraConverter and StepVideoConverter at 26.0.0) `mm-convert <class>` is an invalid choice, so the
+    command imports the class's module and then runs the same `main()`: a Converter subclass registers
+    itself in `Commandable.subclasses` when its module is imported, and `main()` builds its parser from that
+    list. Run from the MindSpeed-MM root (where `checkpoint/` is), as every converter command is.
+    """
+    if conv.cli_registered:
+        return ["mm-convert"]
+    assert conv.module is not None  # the schema requires it with cli_registered: false
+    return ["python", "-c", f"import {conv.module}; from checkpoint.convert_cli import main; main()"]
+
+
+def converter_notes(conv: ConverterSpec) -> list[str]:
+    """What a reader of a converter command needs to know about its program (`converter_program`)."""
+    if conv.cli_registered:
+        return []
+    return [
+        f"MindSpeed-MM's checkpoint/__init__.py does not import {conv.module}, so `mm-convert "
+        f"{conv.class_name}` (the README's command) stops with an invalid choice: the command imports that "
+        "module and then runs MindSpeed-MM's converter CLI (checkpoint.convert_cli.main) with the same arguments"
+    ]
+
+
+def first_stage(total: int, like: Layers) -> Layers:
+    """`total` layers all on the first pipeline stage, shaped like `like` (flat, or nested per VPP chunk):
+    where MindSpeed-MM's VLM converters put an encoder (ViT, audio) that precedes the LLM."""
+    chunks = vpp_chunks(like)
+    if chunks is not None:
+        return [[total if (c, i) == (0, 0) else 0 for i in range(len(ch))] for c, ch in enumerate(chunks)]
+    return [total if i == 0 else 0 for i in range(max(len(like), 1))]
+
+
+def _vlm_parallel(
+    prefix: str,
+    tp: int,
+    llm: Layers | None,
+    vit: Layers | None,
+    *,
+    nested: bool,
+    audio: Layers | None = None,
+) -> list[str]:
     out: list[str] = []
-    for name, values in (("llm_pp_layers", llm), ("vit_pp_layers", vit)):
+    for name, values in (("llm_pp_layers", llm), ("vit_pp_layers", vit), ("audio_pp_layers", audio)):
         if values:
             shown = _layers_arg(values, nested) if nested else _list_arg(_flat_layers(values, name), False)
             out += [f"--cfg.{prefix}.{name}", shown]
@@ -252,7 +321,9 @@ def converter_gap(conv: ConverterSpec, method: str, version: str) -> MMAgentErro
     """Why `mm-convert <class> <method>` does not exist at MindSpeed-MM `version` (None: it does).
 
     The registry records which releases' `checkpoint/` define the class and each later-added method; a
-    command for a release without them would fail in mm-convert with an unknown class or subcommand.
+    command for a release without them would fail in mm-convert with an unknown class or subcommand. A
+    method whose body upstream is a stub there (`converter.stubs`) would parse and then do nothing (or raise):
+    it is no step either, and the stub's `fix` says what a user does instead.
     """
     if not conv.versions.contains(version):
         return MMAgentError(
@@ -269,6 +340,14 @@ def converter_gap(conv: ConverterSpec, method: str, version: str) -> MMAgentErro
             field="mm_version",
             fix=f"use a MindSpeed-MM version in {rng.describe()}",
         )
+    stub = conv.stub_at(method, version)
+    if stub is not None:
+        return MMAgentError(
+            f"{conv.class_name}.{method} is only a stub in MindSpeed-MM {version} (its body does nothing or "
+            "raises NotImplementedError): that conversion does not exist there",
+            field="mm_version",
+            fix=stub.fix,
+        )
     return None
 
 
@@ -284,13 +363,21 @@ def convert_command(
     tp: int | None = None,
     pp_layers: list[int] | None = None,
     vit_pp_layers: list[int] | None = None,
+    method: str | None = None,
+    init_args: dict[str, str] | None = None,
+    task: str | None = None,
 ) -> list[str]:
     """argv of the `mm-convert` call for this model (shared by the pipeline, `render_job`, `convert_weights`).
 
     `source` is the HF dir for `to_training` and the training save dir for `to_hf`; `hf_dir` is the
     original HF dir that `to_hf` copies configs from. tp/pp default to the size's recommended layout.
     `version` is checked against the registry so callers can't build a command for an unknown release.
-    The argument shapes themselves live in `mm_convert_argv`.
+    The argument shapes themselves live in `mm_convert_argv`. `method` (default: the direction's) and
+    `init_args` (default: the model's) are what a model's steps data asks for (registry/data/steps/).
+    The converter's `extra_args` for this method, size, `task` (None: only those for every task) and
+    version follow, as upstream's README adds them. An omni model's audio encoder (`arch.audio_layers`) goes
+    on the first stage like the ViT (without `audio_pp_layers` MindSpeed-MM's converter drops the audio
+    weights: checkpoint/vlm_model/hf_to_mm.py:398 at 26.0.0 splits `audio_pp_layers or [[]]`).
     """
     get_registry().check_version(version)
     conv = entry.converter
@@ -300,7 +387,8 @@ def convert_command(
             field="converter",
             fix="this model loads Hugging Face weights directly; skip conversion",
         )
-    method = conv.to_training if direction == "to_training" else conv.to_hf
+    if method is None:
+        method = conv.to_training if direction == "to_training" else conv.to_hf
     if method is None:
         raise MMAgentError(
             f"{conv.class_name} has no export method",
@@ -312,23 +400,38 @@ def convert_command(
         raise gap
     par = size.parallel
     vlm = is_vlm_converter(entry)
+    audio: Layers | None = None
     if vlm:
         llm = pp_layers or par.llm_pp_layers or _arch_layers(size, "llm_layers")
         vit = vit_pp_layers or par.vit_pp_layers or _arch_layers(size, "vit_layers")
+        audio_total = size.arch.get("audio_layers")
+        if isinstance(audio_total, int) and method in (conv.to_training, conv.to_hf):
+            audio = first_stage(audio_total, vit or llm or [])
     else:
         llm = pp_layers if pp_layers is not None else (par.pipeline_num_layers if par.pp > 1 else None)
         vit = None
-    return mm_convert_argv(
-        conv,
-        method,
-        vlm=vlm,
-        source=source,
-        target=target,
-        hf_dir=hf_dir or convert_dirs(entry, size)[0],
-        tp=tp if tp is not None else par.tp,
-        pp_layers=llm,
-        vit_pp_layers=vit,
-    )
+    extra = [
+        word
+        for more in conv.extra_args
+        if more.applies(method, size.id, task, version) and (task is not None or more.tasks is None)
+        for word in more.args
+    ]
+    return [
+        *mm_convert_argv(
+            conv,
+            method,
+            vlm=vlm,
+            source=source,
+            target=target,
+            hf_dir=hf_dir or convert_dirs(entry, size)[0],
+            tp=tp if tp is not None else par.tp,
+            pp_layers=llm,
+            vit_pp_layers=vit,
+            init_args=init_args,
+            audio_pp_layers=audio,
+        ),
+        *extra,
+    ]
 
 
 def _arch_layers(size: SizeSpec, key: str) -> list[int] | None:
@@ -476,7 +579,17 @@ def _env_setup(entry: ModelEntry, version: str) -> PipelineStage:
     return PipelineStage(
         stage="env_setup",
         applies=True,
-        summary=f"MindSpeed-MM {ref} with torch/torch_npu, MindSpeed, Megatron and CANN env",
+        summary=f"MindSpeed-MM {ref} with "
+        + ", ".join(
+            name
+            for name, step_id in (
+                ("torch/torch_npu", "torch-npu"),
+                ("MindSpeed", "mindspeed"),
+                ("Megatron", "megatron"),
+            )
+            if any(s.id == step_id for s in steps)
+        )
+        + " and CANN env",
         commands=cmds,
         notes=notes,
     )
@@ -491,14 +604,14 @@ def _model_deps(entry: ModelEntry, version: str) -> PipelineStage:
     if overlay is not None and overlay.install_sh is not None:
         line = _sh(["bash", "scripts/install.sh", *overlay.install_sh])
         notes.append(f"The README's one-click `{line}` is what env_setup does, with pinned, checked steps.")
+    notes += _manual_notes(mine)
     scripts = [overlay.requirements_file] if overlay and overlay.requirements_file else []
     scripts += overlay.scripts if overlay else []
-    if cmds:
+    changes = overlay.base_changes() if overlay else []
+    if cmds or any(s.manual for s in mine):
         summary = f"{entry.name} dependencies for MindSpeed-MM {version}"
-    elif overlay is not None and overlay.mindspeed_commit:
-        summary = (
-            f"{entry.name} needs nothing beyond the base install (MindSpeed at {overlay.mindspeed_commit})"
-        )
+    elif changes:
+        summary = f"{entry.name}'s README changes the base install: {'; '.join(changes)}"
     else:
         summary = f"No model-specific dependencies for {entry.name} in {version}; base install only."
     return PipelineStage(
@@ -506,7 +619,7 @@ def _model_deps(entry: ModelEntry, version: str) -> PipelineStage:
     )
 
 
-def _weights(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
+def _weights(entry: ModelEntry, size: SizeSpec, version: str, task: str | None = None) -> PipelineStage:
     hf_dir = hf_dir_for(entry, size)
     cmds: list[str] = []
     notes: list[str] = []
@@ -531,22 +644,16 @@ def _weights(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
     if gap is not None:
         notes.append(f"{gap.message}; fix: {gap.fix}")
     else:
-        cmds.append(_sh(convert_command(entry, size, version, source=source, target=target)))
-    if not conv.cli_registered:
-        notes.append(
-            f"MindSpeed-MM's checkpoint/__init__.py does not import {conv.class_name}'s module, so "
-            f"`mm-convert {conv.class_name}` reports an unknown class: import that module in "
-            "checkpoint/__init__.py first (the README's command fails as written)"
-        )
+        cmds.append(_sh(convert_command(entry, size, version, source=source, target=target, task=task)))
+        notes += converter_notes(conv)
     notes += [n for n in entry.notes if "convert" in n.lower() or "load_path" in n.lower()]
-    return PipelineStage(
-        stage="weights",
-        applies=True,
-        commands=cmds,
-        notes=notes,
-        summary=f"Download {size.id} weights and convert them with {entry.converter.class_name}."
-        f"{entry.converter.to_training} ({entry.converter.target_format} format)",
+    summary = (
+        f"Download {size.id} weights and convert them with {conv.class_name}.{conv.to_training} "
+        f"({conv.target_format} format)"
+        if gap is None
+        else f"Download {size.id} weights; no {conv.class_name}.{conv.to_training} conversion at {version}"
     )
+    return PipelineStage(stage="weights", applies=True, commands=cmds, notes=notes, summary=summary)
 
 
 def _data_prep(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> PipelineStage:
@@ -632,7 +739,7 @@ def _export(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
             stage="export", applies=False, summary=f"No export step: {gap.message}", notes=[gap.fix or ""]
         )
     argv = convert_command(entry, size, version, source="save_dir", target=target, direction="to_hf")
-    notes = ["`save_dir` is the training --save folder."]
+    notes = ["`save_dir` is the training --save folder.", *converter_notes(conv)]
     if conv.target_format == "dcp":
         notes.append(
             "DCP converters read one iteration: point --load_dir at the iteration folder, e.g. save_dir/iter_0005000/."
@@ -807,14 +914,26 @@ def build_pipeline(
     picture; `npus_per_node`/`nnodes` override the size's recommended layout in the launch command.
     `runtime="bundled"` gives the stages of mm-agent's own runtime (Wan-family t2v; MMAgentError otherwise).
     """
-    nproc = npus_per_node or size.parallel.npus_per_node
-    nodes = nnodes or size.parallel.nnodes
+    entry = entry.for_task(task)  # a task converted by its own converter (registry `tasks[].converter`)
+    # the size's stock layout at this version (registry `changes`)
+    stock = size.parallel_at(get_registry().check_version(version), task.id, task.backend)
+    nproc = npus_per_node or stock.npus_per_node
+    nodes = nnodes or stock.nnodes
     if runtime == "bundled":
         return _bundled_stages(entry, task, size, get_registry().check_version(version), nproc, nodes)
+    from mm_agent.registry.steps import has_steps
+    from mm_agent.stepplan import pipeline_stages  # (it builds on this module's argv builder)
+
+    if has_steps(entry, version) and task.versions.contains(version):  # weights .. export: cited steps
+        return [
+            _env_setup(entry, version),
+            _model_deps(entry, version),
+            *pipeline_stages(entry, task, size, version, nproc, nodes),
+        ]
     return [
         _env_setup(entry, version),
         _model_deps(entry, version),
-        _weights(entry, size, version),
+        _weights(entry, size, version, task.id),
         _data_prep(entry, task, size),
         _feature_extraction(task, version),
         _training(task, version, nproc, nodes),

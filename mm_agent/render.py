@@ -63,6 +63,12 @@ class RenderResult(BaseModel):
     fit: str | None = Field(
         default=None, description="memory verdict for the NPU count asked for (estimate_resources)"
     )
+    load_check: list[str] = Field(
+        default_factory=list,
+        description="what the training will load (mm_agent/loadcheck.py): 'error: N of M parameters would load; "
+        "the rest start random' when LOAD_PATH already holds a checkpoint that does not fit the rendered model, "
+        "and what the job's model config leaves out of the released weights (warning)",
+    )
 
 
 def _kind(path: str) -> Literal["shell", "json", "yaml", "text"]:
@@ -92,6 +98,8 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
     if not set_dir.is_dir():
         raise MMAgentError(f"no template set {job.template!r}", file=str(set_dir), fix="reinstall mm-agent")
     env = jinja_environment(str(root))
+    from mm_agent.stepplan import job_views  # (it builds on pipeline's argv builder, which imports jobspec)
+
     context: dict[str, Any] = {
         "job": job,
         "spec": job.spec,
@@ -100,6 +108,8 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
         "size": job.size,
         "arch": job.arch,
         "version": job.version,
+        # the model's cited steps with this job's paths (the job README lists them)
+        "steps": job_views(job) if job.runtime != "bundled" else [],
     }
     # A model's own files (templates/models/<model>/<set>/): each replaces the set's file of the same path,
     # or adds one the set lacks. The set's templates see which with `model_files`.
@@ -184,12 +194,17 @@ def _check_out_dir(target: Path, base: Path, root: Path | None) -> None:
 
 def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
     """The commands that take this job from nothing to training, in order, with this job's paths."""
-    from mm_agent.pipeline import bundled_convert_command, convert_command, converter_gap
+    from mm_agent.pipeline import bundled_convert_command, convert_command, converter_gap, converter_notes
+    from mm_agent.registry.steps import has_steps
+    from mm_agent.stepplan import before_training
 
     d = job.job_dir
     steps: list[str] = _master_addr_step(job)  # a multi-node job no node can join: first
     have_weights = job.weights is not None and job.weights.transformer_config is not None
-    if job.hf_id and not have_weights:
+    # MindSpeed-MM jobs take their downloads, conversions and data steps from the model's steps data
+    # (registry/data/steps/<model>.yaml, each step citing its README section)
+    cited = job.runtime != "bundled" and has_steps(job.entry, job.version.id)
+    if job.hf_id and not have_weights and not cited:
         steps.append(shlex.join(["huggingface-cli", "download", job.hf_id, "--local-dir", job.weights_dir]))
     if job.runtime == "bundled":
         source = str(Path(job.weights_dir) / "transformer")
@@ -217,7 +232,9 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         return steps
     conv = job.entry.converter
     gap = converter_gap(conv, conv.to_training, job.version.id) if conv is not None else None
-    if gap is not None:
+    if cited:
+        steps += before_training(job)
+    elif gap is not None:
         steps.append(f"# no mm-convert step: {gap.message}; {gap.fix}")
     elif conv is not None:
         vlm = job.llm_pp_layers is not None
@@ -231,7 +248,9 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
             tp=job.tp,
             pp_layers=job.llm_pp_layers if vlm else (job.pipeline_num_layers if job.pp > 1 else []),
             vit_pp_layers=job.vit_pp_layers,
+            task=job.task.id,
         )
+        steps += [f"# {note}" for note in converter_notes(conv)]
         steps.append(f"cd {shlex.quote(job.mm_root)} && {shlex.join(argv)}")
     steps.append(f"mm-agent validate {shlex.quote(d)}")
     scripts = sorted(
@@ -359,14 +378,53 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
         ],
         next_steps=_next_steps(job, files),
         fit=fit.note if fit else None,
+        load_check=_load_check(job, files, root),
     )
+
+
+def _load_check(job: ResolvedJob, files: dict[str, str], root: Path | None) -> list[str]:
+    """`loadcheck` over the rendered training model config: the depth note always, the parameter count when
+    the job's LOAD_PATH (and, for FSDP2-native jobs, its Hugging Face folder) is on this machine (inside the
+    workspace, over MCP)."""
+    from mm_agent import loadcheck
+    from mm_agent.paths import inside
+    from mm_agent.validate.files import classify
+
+    if job.runtime == "bundled":
+        return []  # the bundled runtime loads strictly and refuses a partial checkpoint itself
+
+    def here(path: str | None) -> Path | None:
+        found = Path(path) if path else None
+        ok = found is not None and found.is_dir() and (root is None or inside(found, root))
+        return found if ok else None
+
+    issues: list[loadcheck.Issue | None] = []
+    load = here(job.load_path)
+    for rel, text in sorted(files.items()):
+        if not rel.endswith((".json", ".yaml")) or "/" in rel:
+            continue
+        data = yaml.safe_load(text) if rel.endswith(".yaml") else json.loads(text)
+        kind = classify(data, Path(rel).name)
+        if kind == "sora_model" and rel != "inference_model.json":
+            issues.append(loadcheck.depth_check(data))
+            if load is not None:
+                issues.append(loadcheck.predictor_check(data, load, root))
+        elif kind == "fsdp2_trainer_yaml":
+            issues.append(loadcheck.meta_init_check(data))
+            native_load = here(loadcheck.dotted(data, "training.load"))
+            if native_load is not None:
+                hf = here(job.weights_dir)
+                issues.append(loadcheck.native_check(data, native_load, hf, job.version.id, root))
+    return [
+        f"{i.severity}: {i.message}; fix: {i.fix}" for i in issues if i is not None and i.severity != "info"
+    ]
 
 
 def _fit(job: ResolvedJob) -> LayoutFit | None:
     """For a device count other than the stock one: will it fit, and the CP that makes it fit when the
     user set neither TP nor CP (MindSpeed-MM's Megatron DiT jobs, whose heads the CP must divide). The
     stock count keeps the stock layout: it is MindSpeed-MM's own tested choice."""
-    par, spec = job.size.parallel, job.spec
+    par, spec = job.size.parallel_at(job.version.id, job.task.id, job.task.backend), job.spec
     if job.world_size == par.npus_per_node * par.nnodes:
         return None
     request = EstimateRequest(

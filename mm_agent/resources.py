@@ -38,7 +38,8 @@ JOB_SEARCH_DEPTH = 3
 MAX_DIRS_SCANNED = 2000
 MAX_LISTED_JOBS = 20
 MAX_LISTED_FILES_PER_JOB = 50
-LISTED_SUFFIXES = frozenset({".sh", ".json", ".yaml", ".yml", ".txt"})
+# (.md: the job README, which lists the model's cited steps with the job's paths)
+LISTED_SUFFIXES = frozenset({".sh", ".json", ".yaml", ".yml", ".txt", ".md"})
 
 
 class UnknownResource(MMAgentError):

@@ -491,8 +491,11 @@ class Extractor:
     def merge(self, seconds: float, extracting: float) -> dict[str, Any]:
         """Rank 0: data.jsonl (extracted + kept samples, dataset order) and extract_report.json, both atomic."""
         outcomes: dict[int, Outcome] = {}
+        per_rank: list[int] = []  # samples each rank handled: sample i is rank i % world's alone, none twice
         for r in range(self.info.world_size):
-            for row in json.loads((self.parts / f"rank{r}.json").read_text()):
+            rows = json.loads((self.parts / f"rank{r}.json").read_text())
+            per_rank.append(len(rows))
+            for row in rows:
                 outcome = Outcome.from_json(row)
                 outcomes[outcome.index] = outcome
         lines, failed = [], []
@@ -520,6 +523,7 @@ class Extractor:
             "seconds": round(seconds, 3),
             "clips_per_second": round((counts["extracted"] + counts["failed"]) / max(extracting, 1e-9), 3),
             "world_size": self.info.world_size,
+            "per_rank": per_rank,
             "data_jsonl": str(data_jsonl),
             "features_dir": str(self.features_dir),
         }

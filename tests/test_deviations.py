@@ -23,6 +23,8 @@ GOOD = """deviations:
     file: pretrain.sh
     key: TASK_QUEUE_ENABLE
     reason: "level 2 is the CANN recommendation for this model"
+    evidence:
+      - {file: examples/wan2.1/14b/t2v/pretrain.sh, text: "export TASK_QUEUE_ENABLE=2"}
 """
 
 CHOICES = """user_choices:
@@ -46,6 +48,9 @@ def test_good_entry_loads_and_matches(tmp_path: Path) -> None:
     assert not entry.applies(version="26.1.0", **{**hit, "size": "1.3b"})
     assert not entry.applies(version="26.1.0", **{**hit, "key": "COMBINED_ENABLE"})
     assert [c.key for c in load_user_choices(tmp_path)] == ["--load"]
+    assert [(e.file, e.text, e.present, e.tree) for e in entry.evidence] == [
+        ("examples/wan2.1/14b/t2v/pretrain.sh", "export TASK_QUEUE_ENABLE=2", True, "MindSpeed-MM")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -56,6 +61,33 @@ def test_good_entry_loads_and_matches(tmp_path: Path) -> None:
         ("    key: TASK_QUEUE_ENABLE\n", "", "deviations.0.key"),
         ("    task: t2v\n", "    task: t2x\n", "deviations.0.task"),
         ("    file: pretrain.sh\n", "    file: pretrain.sh\n    flie: x\n", "deviations.0.flie"),
+        # a reason must carry the upstream text it rests on, checkable by the fidelity suite
+        (
+            '    evidence:\n      - {file: examples/wan2.1/14b/t2v/pretrain.sh, text: "export TASK_QUEUE_ENABLE=2"}\n',
+            "",
+            "deviations.0.evidence",
+        ),
+        (
+            "file: examples/wan2.1/14b/t2v/pretrain.sh",
+            "file: /abs/pretrain.sh",
+            "deviations.0.evidence.0.file",
+        ),
+        (
+            "file: examples/wan2.1/14b/t2v/pretrain.sh",
+            "file: ../MindSpeed/x.py",
+            "deviations.0.evidence.0.file",
+        ),
+        ('text: "export TASK_QUEUE_ENABLE=2"', 'text: "   "', "deviations.0.evidence.0.text"),
+        (
+            'text: "export TASK_QUEUE_ENABLE=2"}',
+            'text: "x=2", tree: Megatron}',
+            "deviations.0.evidence.0.tree",
+        ),
+        (
+            'text: "export TASK_QUEUE_ENABLE=2"}',
+            'text: "x=2", present: maybe}',
+            "deviations.0.evidence.0.present",
+        ),
     ],
 )
 def test_bad_entry_names_file_and_field(tmp_path: Path, old: str, new: str, field: str) -> None:
@@ -89,3 +121,4 @@ def test_shipped_data_loads() -> None:
     assert user_choices(), "the user-choice list is empty"
     for model, entries in shipped.items():
         assert deviations_for(model) == entries
+        assert all(entry.evidence for entry in entries), f"{model}: a deviation without evidence"

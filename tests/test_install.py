@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import posixpath
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +17,11 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from mm_agent.errors import MMAgentError
+from mm_agent.install.checks import requirements_check
 from mm_agent.install.conflicts import compatible, find_conflicts
 from mm_agent.install.plan import InstallPlan, InstallRequest, build_plan, host_arch, host_os_family
 from mm_agent.install.schema import load_install_knowledge
-from mm_agent.install.steps import PlanStep
+from mm_agent.install.steps import Layout, PlanStep, build_steps, plan_context
 from mm_agent.registry import DATA_DIR, get_registry, load_models
 from mm_agent.registry.schema import DepsOverlay
 from mm_agent.registry.tokens import HttpsUrl, PipRequirement, RelPath
@@ -77,9 +82,10 @@ def test_wan22_translates_install_sh_into_pinned_steps(arch: str) -> None:
         f"{p.src_dir}/Megatron-LM/megatron",
         f"{p.mm_root}/megatron",
     ]
-    reqs, pins = step(p, "model-packages").commands
+    # the README installs requirements.txt; what it holds is checked, not installed a second time
+    (reqs,) = step(p, "model-requirements").commands
     assert reqs.argv[-2:] == ["-r", "examples/wan2.2/requirements.txt"] and reqs.cwd == p.mm_root
-    assert pins.argv[-2:] == ["diffusers==0.35.1", "peft==0.17.1"]
+    assert step(p, "model-requirements").verify[0].argv[-2:] == ["diffusers==0.35.1", "peft==0.17.1"]
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -95,17 +101,19 @@ def test_qwen25vl_pins_its_mindspeed_commit(arch: str) -> None:
 def test_qwen3vl_installs_transformers_from_its_git_commit(arch: str) -> None:
     p = plan("qwen3vl", arch)
     pin = "transformers @ git+https://github.com/huggingface/transformers.git@c0dbe09"
-    pkgs = step(p, "model-packages")
-    assert pkgs.commands[0].argv[-2:] == ["-r", "examples/qwen3vl/requirements.txt"]
-    assert pkgs.commands[1].argv[-1] == pin
-    assert pin in pkgs.verify[0].argv
+    reqs = step(p, "model-requirements")  # requirements.txt is `-e git+…@c0dbe09#egg=transformers`
+    assert [c.argv[-2:] for c in reqs.commands] == [["-r", "examples/qwen3vl/requirements.txt"]]
+    assert pin in reqs.verify[0].argv  # the editable checkout's HEAD is compared with c0dbe09
 
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_deepseekocr_pins_and_versions(arch: str) -> None:
     p = plan("deepseekocr", arch)
-    pins = step(p, "model-packages").commands[-1].argv
-    assert {"transformers==4.46.3", "tokenizers==0.20.3", "torchvision==0.22.1"} <= set(pins)
+    reqs = step(p, "model-requirements")
+    assert reqs.commands[0].argv[-2:] == ["-r", "examples/deepseekocr/requirements.txt"]
+    assert {"transformers==4.46.3", "tokenizers==0.20.3", "torchvision==0.22.1"} <= set(reqs.verify[0].argv)
+    # finetune_ocr.py needs torch_npu and transformers only: no MindSpeed, Megatron or MindSpeed-MM package
+    assert not {"megatron", "mindspeed", "mindspeed-mm"} & {s.id for s in p.steps}
     with pytest.raises(MMAgentError) as err:
         plan("deepseekocr", arch, "26.1.0")
     assert "2.3.0, 26.0.0" in err.value.message and err.value.field == "mm_version"
@@ -153,21 +161,25 @@ def test_x86_64_uses_the_cpu_index_and_the_decord_wheel() -> None:
 def test_step_order_and_flags() -> None:
     p = plan("funasr", "aarch64")
     ids = [s.id for s in p.steps]
-    assert ids == [
-        "system-packages",
-        "decord-deps",
-        "cann",
-        "create-env",
-        "torch",
-        "torch-npu",
-        "mm-source",
-        "megatron",
-        "mindspeed",
-        "mindspeed-mm",
-        "model-packages",
-        "model-source-funasr",
-        "decord",
-    ]
+    assert (
+        ids
+        == [  # README order: sudachipy (by hand), FunASR at 42b6d3b, then requirements.txt; no Megatron
+            "system-packages",
+            "decord-deps",
+            "cann",
+            "create-env",
+            "torch",
+            "torch-npu",
+            "mm-source",
+            "mindspeed",
+            "mindspeed-mm",
+            "model-sudachipy",
+            "model-source-funasr",
+            "model-editable-funasr",
+            "model-requirements",
+            "decord",
+        ]
+    )
     cann = step(p, "cann")
     assert cann.manual and not cann.commands
     assert "source /usr/local/Ascend/cann/set_env.sh" in cann.instructions
@@ -186,10 +198,12 @@ def test_fsdp2_native_model_follows_its_install_sh_without_megatron() -> None:
     assert "megatron" not in [s.id for s in p.steps]
     assert p.upstream == ["bash scripts/install.sh --msid eb10b92"]
     assert step(p, "mindspeed").commands[1].argv[-1] == "eb10b92"
-    scripts = step(p, "model-scripts").commands
+    scripts = step(p, "model-script").commands
     assert [(c.argv, c.cwd) for c in scripts] == [
-        (["bash", "examples/qwen3_5/install_extensions.sh"], p.mm_root)
+        (["bash", f"{p.mm_root}/examples/qwen3_5/install_extensions.sh"], p.mm_root)
     ]
+    # what the script installs at 26.0.0 (transformers from source, triton-ascend 3.2.0, accelerate 1.2.0) is checked
+    assert {"triton-ascend==3.2.0", "accelerate==1.2.0"} <= set(step(p, "model-script").verify[0].argv)
 
 
 def test_mm_checkout_and_install() -> None:
@@ -201,10 +215,16 @@ def test_mm_checkout_and_install() -> None:
     mm = step(p, "mindspeed-mm")
     assert mm.commands[0].argv[-3:] == ["install", "-e", "."] and mm.commands[0].cwd == p.mm_root
     assert ["test", "-x", f"{p.env_path}/bin/mm-convert"] in [c.argv for c in mm.verify]
-    # a model without a pinned commit gets the MindSpeed branch of its MindSpeed-MM release
-    bagel = plan("bagel", "x86_64", "26.1.0")
-    assert step(bagel, "mindspeed").commands[1].argv[-1] == "26.1.0_core_r0.12.1"
-    assert step(bagel, "mindspeed").verify[0].argv[-2:] == ["--abbrev-ref", "HEAD"]
+    # without an overlay (every 26.x README pins its own ref) MindSpeed is the release's branch (install guide)
+    reg = get_registry()
+    info = reg.versions.get("26.1.0")
+    assert info is not None
+    ctx = plan_context(
+        reg.get("bagel"), info, Layout.for_env("/w/MM", "/w", "/w/env"), arch="x86_64", registry=reg
+    )
+    (ms,) = [s for s in build_steps(dataclasses.replace(ctx, overlay=None)) if s.id == "mindspeed"]
+    assert ms.commands[1].argv[-1] == "26.1.0_core_r0.12.1"
+    assert ms.verify[0].argv[-2:] == ["--abbrev-ref", "HEAD"]
 
 
 def test_versions_without_a_torch_npu_wheel_make_it_manual() -> None:
@@ -230,7 +250,8 @@ def test_every_model_and_version_plans_on_both_arches() -> None:
                 assert len(ids) == len(set(ids)), (entry.id, version, ids)
                 for s in p.steps:
                     assert s.why and (s.commands or s.manual), (entry.id, version, s.id)
-                    assert s.verify or s.id == "model-scripts", (entry.id, version, s.id)
+                    # a README's own script, editable folder or requirements file may leave nothing to check
+                    assert s.verify or s.manual or s.id.startswith("model-"), (entry.id, version, s.id)
                 for argv in argvs(p):
                     assert not argv[0].startswith("-"), argv
 
@@ -261,6 +282,147 @@ def test_python_override_is_noted() -> None:
     assert step(p, "create-env").verify[0].expect == "3.11"
     assert "python3.11-venv" in step(p, "system-packages").commands[-1].argv
     assert any("tested with Python 3.10" in n for n in p.notes)
+
+
+@pytest.mark.parametrize("version", ["26.0.0", "26.1.0"])
+def test_flux_installs_the_readme_diffusers_stack(version: str) -> None:
+    """examples/diffusers/flux/README.md: diffusers at a98a839 with MindSpeed-MM's flux files copied in, installed
+    editable, its requirements_flux.txt, then the versions the README edits into that file; no MindSpeed-MM."""
+    p = plan("flux", "aarch64", version)
+    ids = [s.id for s in p.steps]
+    assert ids[ids.index("mm-source") :] == [
+        "mm-source",
+        "model-source-diffusers",
+        "model-copy",
+        "model-editable-diffusers",
+        "model-requirements",
+        "model-packages",
+        "model-code-edits",
+        "decord",
+    ]
+    src = step(p, "model-source-diffusers")
+    checkout = f"{p.src_dir}/diffusers"
+    assert src.commands[1].argv == [
+        "git",
+        "-C",
+        checkout,
+        "checkout",
+        "a98a839de75f1ad82d8d200c3bc2e4ff89929081",
+    ]
+    assert step(p, "model-copy").commands[0].argv == [
+        "cp",
+        "-rT",
+        f"{p.mm_root}/examples/diffusers/flux",
+        f"{checkout}/examples/dreambooth",
+    ]
+    reqs = step(p, "model-requirements").commands[0]
+    assert (reqs.argv[-2:], reqs.cwd) == (["-r", "examples/dreambooth/requirements_flux.txt"], checkout)
+    pins = ["accelerate==1.7.0", "transformers==4.47.1", "deepspeed==0.17.2", "peft==0.7.1"]
+    assert step(p, "model-packages").commands[0].argv[-4:] == pins
+    assert step(p, "model-code-edits").manual and "patch_flux" in " ".join(
+        step(p, "model-code-edits").instructions
+    )
+    # conflicts.py sees the edited pins: transformers 4.47.1 over the base 4.57.0
+    assert ("transformers", "overrides_base") in {(c.package, c.kind) for c in p.conflicts}
+
+
+def test_readme_base_changes_mindspeed_copy_branch_and_megatron() -> None:
+    cosy = plan("cosyvoice3", "x86_64", "26.1.0")
+    ms = step(cosy, "mindspeed")  # `git clone MindSpeed` (master) + `cp -r mindspeed ../MindSpeed-MM/`
+    assert [c.argv for c in ms.commands][1:] == [
+        ["git", "-C", f"{cosy.mm_root}/MindSpeed", "checkout", "master"],
+        ["cp", "-rT", f"{cosy.mm_root}/MindSpeed/mindspeed", f"{cosy.mm_root}/mindspeed"],
+    ]
+    assert ["test", "-f", f"{cosy.mm_root}/mindspeed/__init__.py"] in [c.argv for c in ms.verify]
+    assert "megatron" not in [s.id for s in cosy.steps]
+    qihoo = step(plan("qihoo_t2x", "x86_64"), "megatron")  # core_r0.8.0 is a branch, not a tag
+    assert "core_r0.8.0" in qihoo.commands[0].argv
+    assert qihoo.verify[0].argv[-2:] == ["--abbrev-ref", "HEAD"] and qihoo.verify[0].expect == "core_r0.8.0"
+    assert (
+        step(plan("hunyuanvideo"), "mindspeed").commands[1].argv[-1]
+        == "6aff65eba929b4f39848a5153ac455467d0b0f9e"
+    )
+    whisper = [s.id for s in plan("whisper").steps]  # the README installs its packages before MindSpeed-MM
+    assert whisper.index("model-packages") < whisper.index("model-libsndfile") < whisper.index("mindspeed-mm")
+
+
+def test_triton_ascend_where_the_install_guide_has_it() -> None:
+    assert "triton-ascend" not in [s.id for s in plan("wan2.1", version="26.0.0").steps]
+    p = plan("wan2.1", version="26.1.0")
+    ids = [s.id for s in p.steps]
+    assert ids.index("mindspeed-mm") < ids.index("triton-ascend") < ids.index("decord")
+    assert step(p, "triton-ascend").commands[0].argv[-3:] == [
+        "triton-ascend==3.2.1",
+        "--extra-index-url",
+        "https://triton-ascend.osinfra.cn/pypi/simple",
+    ]
+    # qwen3_6's README places Triton-Ascend itself (3.2.0 in its pins, then 3.2.1 before fla-npu)
+    q = plan("qwen3_6", version="26.1.0")
+    assert "triton-ascend" not in [s.id for s in q.steps]
+    assert [s.id for s in q.steps if s.stage == "model_deps"] == [
+        "model-packages",
+        "model-packages-2",
+        "model-source-flash-linear-attention-npu",
+        "model-fla-npu",
+    ]
+    assert step(q, "model-packages-2").commands[0].argv[-3:-2] == ["triton-ascend==3.2.1"]
+    assert step(q, "mindspeed").commands[1].argv[-1] == "master"  # `install.sh --msbranch master`
+    # no Triton-Ascend where MindSpeed-MM itself is not installed (diffusers-based FLUX)
+    assert "triton-ascend" not in [s.id for s in plan("flux", version="26.1.0").steps]
+
+
+def test_overlay_steps_are_typed_and_refer_to_known_checkouts() -> None:
+    ok = DepsOverlay.model_validate(
+        {
+            "steps": [
+                {"clone": {"name": "x", "url": "https://h.example/x.git", "ref": "abc1234"}},
+                {"copy": {"from": "mm:examples/a", "to": "x:b"}},
+                {"editable": "x:", "holds": ["x"]},
+            ]
+        }
+    )
+    assert ok.steps[1].copy_ is not None and ok.steps[1].copy_.source == "mm:examples/a"
+    bad: list[dict[str, object]] = [
+        {"steps": [{"editable": "y:"}]},  # y is not mm nor an earlier clone
+        {"steps": [{"requirements": "mm:../etc/passwd"}]},
+        {"steps": [{"requirements": "mm:a.txt", "pip": ["x==1"]}]},  # two kinds in one step
+        {"steps": [{"pip": ["x==1"]}], "pip": ["y==1"]},  # steps and the slots together
+        {"steps": [{"pip": ["--index-url=https://evil.example"]}]},
+        {"steps": [{"clone": {"name": "x", "url": "http://h.example/x.git"}}]},
+        {"mindspeed_branch": "master", "mindspeed_commit": "abc1234"},
+        {"omit": ["torch"]},
+    ]
+    for data in bad:
+        with pytest.raises(ValidationError):
+            DepsOverlay.model_validate(data)
+
+
+def test_requirements_check_reads_the_commit_of_an_editable_checkout(tmp_path: Path) -> None:
+    """`git clone; git checkout <sha>; pip install -e .` leaves a file:// direct_url without vcs_info: the check
+    reads the checkout's HEAD instead (run for real: a git repository and an installed-metadata folder)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.txt").write_text("a")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    site = tmp_path / "site"
+    info = site / "demo_pkg-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": repo.as_uri(), "dir_info": {"editable": True}}))
+
+    def check(ref: str) -> int:
+        argv = requirements_check(sys.executable, [f"demo-pkg @ git+https://h.example/demo.git@{ref}"]).argv
+        env = {**os.environ, "PYTHONPATH": str(site)}
+        return subprocess.run(argv, env=env, capture_output=True).returncode
+
+    assert check(head[:7]) == 0
+    assert check("0000000") != 0
 
 
 # ------------------------------------------------------------------------------------------ conflicts
@@ -422,7 +584,7 @@ def test_request_rejects_extra_fields_and_shell_metacharacters() -> None:
 
 SCRIPT_CASES = [
     (m, a, f)
-    for m in ("wan2.1", "wan2.2", "qwen2.5vl", "qwen3vl", "deepseekocr", "qwen3_5", "funasr")
+    for m in ("wan2.1", "wan2.2", "qwen2.5vl", "qwen3vl", "deepseekocr", "qwen3_5", "funasr", "flux", "ltx2")
     for a in ARCHES
     for f in ("debian", "rhel")
 ]
@@ -492,10 +654,7 @@ def test_pipeline_shows_the_planned_steps() -> None:
     for line in env_setup.commands:
         here = posixpath.normpath(posixpath.join(here, line[3:])) if line.startswith("cd ") else here
     assert here == "MindSpeed-MM"
-    assert model_deps.commands == [
-        "pip install -r examples/wan2.2/requirements.txt",
-        "pip install diffusers==0.35.1 peft==0.17.1",
-    ]
+    assert model_deps.commands == ["pip install -r examples/wan2.2/requirements.txt"]
     assert any("scripts/install.sh --megatron --msid" in n for n in model_deps.notes)
 
 

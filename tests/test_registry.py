@@ -323,12 +323,12 @@ def test_deps_cover_the_model_range(models: dict[str, ModelEntry], version_ids: 
 def test_version_facts(models: dict[str, ModelEntry]) -> None:
     wan22_26_0 = models["wan2.2"].deps_for("26.0.0")
     assert wan22_26_0 is not None
-    assert {"diffusers==0.35.1", "peft==0.17.1"} <= set(wan22_26_0.pip)
-    assert wan22_26_0.requirements_file == "examples/wan2.2/requirements.txt"
+    assert {"diffusers==0.35.1", "peft==0.17.1"} <= set(wan22_26_0.pins())  # what requirements.txt holds
+    assert [a.requirements for a in wan22_26_0.steps] == ["mm:examples/wan2.2/requirements.txt"]
     assert wan22_26_0.install_sh == ["--megatron", "--msid", "96bc0a3bf3398bf45ac26e0bded95ee174ac449b"]
     wan22_head = models["wan2.2"].deps_for("26.1.0")
-    assert wan22_head is not None and wan22_head.requirements_file is None
-    assert not any(p.startswith("diffusers") for p in wan22_head.pip)
+    assert wan22_head is not None and wan22_head.requirements_file is None and not wan22_head.steps
+    assert not any(p.startswith("diffusers") for p in wan22_head.pins())
 
     wan21 = models["wan2.1"].deps_for("26.0.0")
     assert wan21 is not None and "diffusers==0.33.1" in wan21.pip
@@ -338,7 +338,7 @@ def test_version_facts(models: dict[str, ModelEntry]) -> None:
     hv15 = models["hunyuanvideo_1.5"]
     assert hv15.converter is None
     hv15_deps = hv15.deps_for("26.0.0")
-    assert hv15_deps is not None and {"diffusers==0.35.0", "transformers==4.57.1"} <= set(hv15_deps.pip)
+    assert hv15_deps is not None and {"diffusers==0.35.0", "transformers==4.57.1"} <= set(hv15_deps.pins())
     assert not hv15.versions.contains("2.3.0")
 
     assert models["qwen3vl"].converter is not None

@@ -563,4 +563,8 @@ def test_route_shows_the_bundled_pipeline_where_it_applies() -> None:
     assert others and all(c.runtime == "mindspeed-mm" for c in others)
     assert all(c.runtime == "bundled" for c in result.candidates if c.task == "lora")  # a LoRA of the t2v DiT
     stock = route_model(RouteRequest(text="train wan2.1 text to video")).candidates[0]
-    assert stock.runtime == "mindspeed-mm" and "pretrain_sora.py" in stock.pipeline[5].commands[0]
+    # MindSpeed-MM's own launch script, as its README starts it (it runs pretrain_sora.py)
+    assert (
+        stock.runtime == "mindspeed-mm"
+        and stock.pipeline[5].commands[0] == "bash examples/wan2.1/1.3b/t2v/pretrain.sh"
+    )

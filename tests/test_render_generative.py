@@ -492,5 +492,9 @@ def test_each_task_downloads_its_own_repo(tmp_path: Path) -> None:
                 model=model, task=task, size=size, mm_version="26.0.0", out_dir=str(tmp_path / model / task)
             )
         )
-        download = next(s for s in out.next_steps if s.startswith("huggingface-cli download"))
-        assert download.split()[2] == repo, (model, task, download)
+        # the job's weights folder is the task's repo; CogVideoX pretraining fills it from the SAT release and
+        # THUDM/CogVideoX-5b's T5 (registry/data/steps/cogvideox.yaml), the others download the repo itself
+        downloads = [s.split() for s in out.next_steps if s.startswith("huggingface-cli download")]
+        assert any(d[-1].endswith("/" + repo) for d in downloads), (model, task, downloads)
+        if model != "cogvideox":
+            assert any(d[2] == repo for d in downloads), (model, task, downloads)

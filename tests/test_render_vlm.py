@@ -205,8 +205,31 @@ def test_qwen25vl_lora_args(tmp_path: Path) -> None:
         "--lora-target-modules linear_proj linear_fc2 linear_qkv q_proj k_proj v_proj gate_proj up_proj"
         in script
     )
-    assert '--load-base-model "$LOAD_PATH"' in script
-    assert '--load "$LORA_PATH"' in script
+    # a first run loads the converted base with --load (stock README: the SFT script plus LORA_ARGS);
+    # --load-base-model only continues an adapter checkpoint (docs/zh/features/lora_finetune.md: 续训)
+    assert '--load "$LOAD_PATH"' in script
+    assert "--load-base-model" not in script.split("torchrun", 1)[1]
+
+
+def test_qwen25vl_lora_first_run_loads_the_base(tmp_path: Path) -> None:
+    """Rendered as is, the LoRA job's first run loads its base: validate finds no random start, and the same
+    script with the resume flags over an empty save folder is an error (Megatron starts from random and
+    MindSpeed-MM never reads --load-base-model: lora_patch.py `_load_base_checkpoint_wrapper`)."""
+    from test_validate_support import new_findings, run, sub
+
+    job = _render(tmp_path, "qwen2.5vl", "lora", size="7b")
+    assert [f.rule for f in run(job).findings if f.rule.startswith("lora.")] == []
+    script = job / "finetune.sh"
+    found = new_findings(
+        job,
+        lambda: sub(
+            script,
+            r'^ *--load "\$LOAD_PATH" \\\n',
+            '    --load-base-model "$LOAD_PATH" \\\n    --load "$SAVE_PATH" \\\n',
+        ),
+    )
+    errors = [(f.severity, f.rule) for f in found if f.severity == "error"]
+    assert errors == [("error", "lora.first_run_random")]
 
 
 def test_user_paths_are_quoted(tmp_path: Path) -> None:

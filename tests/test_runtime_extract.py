@@ -248,6 +248,32 @@ def test_torchrun_two_ranks_extract_every_sample_once(tmp_path: Path, dataset: P
 
 
 @pytest.mark.slow
+def test_two_ranks_odd_sample_count_write_each_feature_once(tmp_path: Path, weights: Path) -> None:
+    """MindSpeed-MM's samplers fill the last step of an uneven split with repeated samples, so two ranks write one
+    feature file at once (validate's extract.duplicate_writes). The bundled extraction gives sample i to rank
+    i % world: 5 samples on 2 ranks with micro batch 2 are 3 + 2, each file is written once (temp name, then
+    os.replace), and data.jsonl holds each sample once."""
+    root = tmp_path / "data"
+    make_dataset(root, 5, frames=FRAMES, height=SIZE, width=SIZE, seed=7)
+    cfg = configs(tmp_path, root, weights)
+    done = run(extract_cmd(cfg, "--micro-batch-size", "2", nproc=2, port=free_port()))
+    assert done.returncode == 0, done.stdout + done.stderr
+    save = tmp_path / "features"
+    rep = report(save)
+    assert rep["per_rank"] == [3, 2], rep  # every sample handled by exactly one rank
+    assert (rep["total"], rep["extracted"], rep["failed"]) == (5, 5, [])
+    records = index(save)
+    assert len(records) == 5
+    assert len({r["file"] for r in records}) == 5 and len({r["path"] for r in records}) == 5
+    # Nothing but the five finished files (no temp file left, none torn: each loads whole with its shapes).
+    names = sorted(Path(r["file"]).name for r in records)
+    assert sorted(p.name for p in (save / "features").iterdir()) == names
+    for record in records:
+        feature = load_feature(save / record["file"])
+        assert list(feature["video"].shape) == LATENT and feature["prompt_mask"].shape == (1, TEXT_LEN)
+
+
+@pytest.mark.slow
 def test_bad_and_short_videos_are_skipped_and_listed(tmp_path: Path, dataset: Path, weights: Path) -> None:
     root = tmp_path / "data"
     shutil.copytree(dataset, root)

@@ -99,22 +99,42 @@ def test_save_into_the_base(job: Path) -> None:
     assert_one(found, "lora.save_is_base", "error", script, "SAVE_PATH")
 
 
-def test_resume_from_the_save_folder_with_a_separate_base(job: Path) -> None:
-    """--load-base-model names the base; --load may then resume the adapter from the save folder."""
-    script = job / "pretrain.sh"
-    found = new_findings(
-        job,
-        lambda: sub(
-            script,
-            r'^ *--load "\$LOAD_PATH" \\\n',
-            '    --load-base-model "$LOAD_PATH" \\\n    --load "$SAVE_PATH" \\\n',
-        ),
+def _resume_flags(script: Path) -> None:
+    sub(
+        script,
+        r'^ *--load "\$LOAD_PATH" \\\n',
+        '    --load-base-model "$LOAD_PATH" \\\n    --load "$SAVE_PATH" \\\n',
     )
+
+
+def _saved_adapter(folder: Path) -> None:
+    """What a LoRA run leaves in its --save folder: the tracker and the iteration it names."""
+    (folder / "iter_0000010" / "mp_rank_00").mkdir(parents=True)
+    (folder / "latest_checkpointed_iteration.txt").write_text("10\n", encoding="utf-8")
+
+
+def test_resume_from_the_save_folder_with_a_separate_base(job: Path) -> None:
+    """--load-base-model names the base; --load may then resume the adapter from the save folder once it holds
+    a checkpoint."""
+    script = job / "pretrain.sh"
+    _saved_adapter(job / "checkpoints")
+    found = new_findings(job, lambda: _resume_flags(script))
     assert [f.rule for f in found if f.rule.startswith("lora.")] == []
     found = new_findings(
         job, lambda: sub(script, r'^ *--load-base-model "\$LOAD_PATH"', '    --load-base-model "$SAVE_PATH"')
     )
     assert_one(found, "lora.save_is_base", "error", script, "SAVE_PATH")
+
+
+def test_first_run_with_load_base_model_starts_from_random(job: Path) -> None:
+    """MindSpeed-MM reads --load-base-model only when --load held a checkpoint (lora_patch.py
+    `_load_base_checkpoint_wrapper`: `state_dict is not None`); on a first run the save folder is empty, Megatron's
+    `_load_base_checkpoint` returns nothing ('will not load any checkpoints and will start from random') and the
+    base is never merged: the adapter trains on a random model."""
+    script = job / "pretrain.sh"
+    found = [f for f in new_findings(job, lambda: _resume_flags(script)) if f.rule != "path.missing"]
+    finding = assert_one(found, "lora.first_run_random", "error", script, "--load")
+    assert "random" in finding.message and '--load "$LOAD_PATH"' in finding.fix
 
 
 def test_optimizer_state_switches(job: Path) -> None:

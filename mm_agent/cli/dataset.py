@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--path-column", help="index column holding the media path (default: detected)")
     p.add_argument("--caption-column", help="index column holding the caption (default: detected)")
     p.add_argument(
-        "--out", help="index file to write (default: DIR/data.json, which render reads by default)"
+        "--out",
+        help="index file to write (default: DIR/data.json, DIR/data.jsonl for CogVideoX/Step-Video: what render reads)",
     )
     p.add_argument("--num-frames", type=int, help="frames per clip (default: the job's)")
     p.add_argument("--frame-interval", type=int, help="frame sampling interval (default: the job's)")

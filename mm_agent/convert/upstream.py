@@ -509,6 +509,19 @@ def _record(req: ConvertRequest, conv: Upstream, target: Path) -> Manifest:
     )
 
 
+def _program(exe: str, argv: list[str]) -> list[str]:
+    """The plan's command with its program resolved: `mm-convert` as found on PATH; the `python -c` form
+    (a converter `mm-convert` cannot find, `pipeline.converter_program`) with the interpreter that
+    mm-convert's own script names, so the same MindSpeed-MM install imports the module."""
+    if argv[0] == MM_CONVERT:
+        return [exe, *argv[1:]]
+    with open(exe, "rb") as fh:
+        first = fh.readline(4096).decode("utf-8", "replace")
+    words = first[2:].split() if first.startswith("#!") else []
+    python = words[0] if words and "python" in Path(words[0]).name else shutil.which("python3") or "python3"
+    return [python, *argv[1:]]
+
+
 def run_upstream(
     req: ConvertRequest, plan: ConvertPlan, log: Path, progress: Progress | None
 ) -> ConvertReport:
@@ -528,7 +541,7 @@ def run_upstream(
         fh.flush()
         offset = fh.tell()
         proc = spawn(
-            [exe, *plan.mm_convert_argv[1:]],
+            _program(exe, plan.mm_convert_argv),
             purpose=f"mm-convert {req.converter} {req.method}",
             stdout=fh,
             stderr=subprocess.STDOUT,

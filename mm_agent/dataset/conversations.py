@@ -25,6 +25,7 @@ _DATASET_ATTR_DEFAULTS: dict[str, str | None] = {
     "messages": "conversations",
     "images": None,
     "videos": None,
+    "audios": None,
     "system": None,
     "role_tag": "from",
     "content_tag": "value",
@@ -52,6 +53,7 @@ class Attr(BaseModel):
     messages: str = "messages"
     images: str | None = "images"
     videos: str | None = None
+    audios: str | None = None  # (mm-agent writes no audio; the key is written, empty, when attr names it)
     system: str | None = None
     role_tag: str = "role"
     content_tag: str = "content"
@@ -301,4 +303,8 @@ def to_mllm(
         out[attr.images] = images
     if attr.videos:
         out[attr.videos] = videos
+    # SharegptDatasetConverter reads example[attr.audios] of every record, a KeyError without it (convert.py:217
+    # at 26.0.0); mm-agent writes no audio, and an empty list reads as none
+    if attr.audios:
+        out[attr.audios] = []
     return out

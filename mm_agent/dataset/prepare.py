@@ -33,7 +33,16 @@ from typing import IO, Any
 from mm_agent import cancel
 from mm_agent.dataset.cache import ProbeCache
 from mm_agent.dataset.index_files import IndexRow
-from mm_agent.dataset.limits import ClipLimits, ClipPlan, Refusal, plan_clip, small_groups
+from mm_agent.dataset.limits import (
+    ClipLimits,
+    ClipPlan,
+    Refusal,
+    extraction_split,
+    feature_name,
+    name_collision,
+    plan_clip,
+    small_groups,
+)
 from mm_agent.dataset.probe import probe_batch
 from mm_agent.dataset.scan import Item, locate, media_kind, walk
 from mm_agent.dataset.schema import DatasetRequest, DatasetResult, DatasetStats, Distribution, Rejected
@@ -199,9 +208,14 @@ class _Run:
                 fix=rename_fix(self.dir.parent),
             )
         self.target: Target = resolve_target(req, self.base, root)
-        out = req.out or str(self.dir / "data.json")
+        fmt = self.target.reader.format if self.target.reader is not None else None
+        # the file the model's reader reads: data.json (+ data.txt) in combine mode, data.jsonl in standard mode
+        out = req.out or str(self.dir / (fmt.index if fmt is not None else "data.json"))
         self.out = confine(out, root, "out") if root else resolve(self.base / out, "out")
-        self.data_txt = self.out.with_name("data.txt") if self.target.kind != "mllm" else None
+        listed = fmt.list_file if fmt is not None else "data.txt"
+        self.data_txt = self.out.with_name(listed) if self.target.kind != "mllm" and listed else None
+        keys = (fmt.path_key, fmt.caption_key) if fmt is not None and fmt.path_key else ("path", "cap")
+        self.path_key, self.caption_key = keys[0] or "path", keys[1] or "cap"
         self.plot = self.out.with_name(f"{self.out.stem}.stats.png")
         self.rejected: list[Rejected] = []
         self.reasons: Counter[str] = Counter()
@@ -216,6 +230,9 @@ class _Run:
         self.hashes: dict[str, str] = {}
         self.long_captions = 0
         self.short: Counter[int] = Counter()  # accepted clips trained at fewer frames than num_frames
+        # MindSpeed-MM's extraction names features by file name alone: accepted clips whose names clash
+        self.feature_names: dict[str, str] = {}
+        self.clashes: list[tuple[str, str]] = []
         self.probed = self.cached = self.found = self.accepted = 0
         self.warnings: list[str] = []
         self._kinds: set[str] | None = None
@@ -249,7 +266,7 @@ class _Run:
         lim = self.target.limits or ClipLimits()
         frames, fps = int(probe.get("frames") or 0), float(probe.get("fps") or 0)
         height, width = int(probe.get("height") or 0), int(probe.get("width") or 0)
-        record: dict[str, Any] = {"path": item.rel, "cap": item.caption}
+        record: dict[str, Any] = {self.path_key: item.rel, self.caption_key: item.caption}
         if probe["kind"] == "video":
             plan = plan_clip(frames, fps, height, width, lim)
             if isinstance(plan, Refusal):
@@ -257,8 +274,12 @@ class _Run:
                 return None
             self.note(plan, frames, fps)
             size = plan.sample_size
-            record |= {"num_frames": frames, "fps": round(fps, 6)}
-        record["resolution"] = {"height": height, "width": width}
+            if (
+                self.path_key == "path"
+            ):  # (standard mode's records are {file, captions}, as upstream's README)
+                record |= {"num_frames": frames, "fps": round(fps, 6)}
+        if self.path_key == "path":
+            record["resolution"] = {"height": height, "width": width}
         self.resolutions[f"{width}x{height}"] += 1
         return record, size
 
@@ -441,6 +462,10 @@ def _prepare_clips(run: _Run, pool: _Pool, t0: float) -> DatasetResult:
                 record, size = checked
                 run.caption_ok(item)
                 groups.add(size, item.rel)
+                if run.target.extraction is not None:
+                    first = run.feature_names.setdefault(feature_name(item.rel), item.rel)
+                    if first != item.rel:
+                        run.clashes.append((first, item.rel))
                 spool.write(f"{size}\t".encode() + json.dumps(record, ensure_ascii=False).encode() + b"\n")
                 if done % (BATCH * 8) == 0:
                     cache.flush()
@@ -509,19 +534,22 @@ class _Groups:
 
 
 def _write_index(run: _Run, spool: IO[bytes], dropped: set[str]) -> str:
-    """The spooled records but those of dropped sizes, as a JSON list, atomically; 'written'/'unchanged'."""
+    """The spooled records but those of dropped sizes, atomically: a JSON list, or JSON Lines for a `.jsonl`
+    index (MindSpeed-MM's `orjson_load` reads a file by its extension); 'written'/'unchanged'."""
     out = AtomicFile(run.out, run.root)
+    lines = run.out.suffix == ".jsonl"
     try:
-        out.write(b"[")
+        out.write(b"" if lines else b"[")
         spool.seek(0)
         first = True
         for line in spool:
             size, _, record = line.partition(b"\t")
             if size.decode() in dropped:
                 continue
-            out.write((b"\n" if first else b",\n") + record.rstrip(b"\n"))
+            sep = b"" if lines else b"\n" if first else b",\n"
+            out.write(sep + record.rstrip(b"\n") + (b"\n" if lines else b""))
             first = False
-        out.write(b"\n]\n")
+        out.write(b"" if lines else b"\n]\n")
     except BaseException:
         out.abort()
         raise
@@ -589,6 +617,14 @@ def _warnings(run: _Run, dropped: dict[str, list[str]] | None = None) -> list[st
             f"{4 * (lim.global_batch_size or 1)}+ clips share it (4 x the extraction's global batch size "
             f"{lim.global_batch_size}); with every size under it, its extraction fails"
         )
+    extraction = run.target.extraction
+    if extraction is not None and run.accepted:
+        dp, mbs, loader = extraction
+        gone = {rel for rels in (dropped or {}).values() for rel in rels}
+        clashing = [p for pair in run.clashes if not set(pair) & gone for p in pair]
+        for problem in (extraction_split(run.accepted, dp, mbs, loader), name_collision(clashing)):
+            if problem is not None:  # what MindSpeed-MM's multi-rank feature extraction will do with them
+                out.append(f"{problem.reason}; {problem.fix}")
     if run.accepted == 0:
         out.append("no item was accepted: nothing to train on (see rejected for each reason and fix)")
     return out
@@ -639,6 +675,7 @@ def _result(
         kind=run.target.kind,
         dir=str(run.dir),
         index=str(run.out),
+        reader=run.target.reader.describe() if run.target.reader is not None else None,
         data_txt=str(run.data_txt) if run.data_txt is not None else None,
         plot=plot,
         accepted=run.accepted,

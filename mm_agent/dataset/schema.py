@@ -30,6 +30,7 @@ class DatasetRequest(BaseModel):
     )
     path_column: Name | None = None
     caption_column: Name | None = None
+    # (CogVideoX and Step-Video: <dir>/data.jsonl, the file their reader reads)
     out: PathText | None = Field(default=None, description="default: <dir>/data.json")
     num_frames: int | None = Field(default=None, ge=1, le=10001)
     frame_interval: int | None = Field(default=None, ge=1, le=100)
@@ -84,6 +85,7 @@ class DatasetResult(BaseModel):
     kind: IndexKind
     dir: str
     index: str = Field(description="the index file (written, or that would be)")
+    reader: str | None = Field(default=None, description="the model's dataset reader and what it reads")
     data_txt: str | None = Field(default=None, description="video-text: the `root,json` line file")
     plot: str | None = Field(default=None, description="PNG of the distributions (written with the index)")
     accepted: int

@@ -20,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from mm_agent import yamlload
+from mm_agent.dataset.formats import ReaderFormat, reader_format
 from mm_agent.dataset.limits import OPENSORAPLAN, ClipLimits, limits_from_config
 from mm_agent.dataset.schema import DatasetRequest, IndexKind
 from mm_agent.errors import MMAgentError
@@ -44,44 +45,83 @@ class Target:
     data_config: dict[str, Any] = field(default_factory=dict)
     config_file: str = ""
     job_dir: str | None = None
+    reader: ReaderFormat | None = None  # what the job's dataset class reads (None: a model the table lacks)
+    # MindSpeed-MM's feature extraction of the job: (data-parallel ranks, micro batch, dataloader_param)
+    extraction: tuple[int, int, dict[str, Any]] | None = None
+
+
+def _extraction_layout(script: str) -> tuple[int, int] | None:
+    """(data-parallel ranks NPUS_PER_NODE x NNODES / CP, MBS) of a rendered extraction script."""
+    found = {k: int(m.group(1)) for k, rx in _INT.items() if (m := rx.search(script))}
+    if "npus" not in found:
+        return None
+    return max(1, found["npus"] * found.get("nnodes", 1) // max(found.get("cp", 1), 1)), found.get("mbs", 1)
 
 
 def _extraction_gbs(script: str) -> int | None:
     """NPUS_PER_NODE x NNODES x MBS / CP of a rendered extraction script (its --global-batch-size)."""
-    found = {k: int(m.group(1)) for k, rx in _INT.items() if (m := rx.search(script))}
-    if "npus" not in found:
+    layout = _extraction_layout(script)
+    return None if layout is None else max(1, layout[0] * layout[1])
+
+
+def _data_config(rel: str, text: str) -> dict[str, Any] | None:
+    """A job file's data config as `{"dataset_param": ...}`: a JSON data config, or the `data:` block of a YAML
+    training config (transformers / fsdp2-native VLMs); None for anything else."""
+    try:
+        if rel.endswith(".json"):
+            cfg = json.loads(text)
+        elif rel.endswith((".yaml", ".yml")) and rel != "job.yaml":
+            cfg = yamlload.safe_load(text)
+            cfg = cfg.get("data") if isinstance(cfg, dict) and isinstance(cfg.get("data"), dict) else cfg
+        else:
+            return None
+    except (ValueError, yaml.YAMLError, yamlload.YAMLLimit):
         return None
-    return max(1, found["npus"] * found.get("nnodes", 1) * found.get("mbs", 1) // max(found.get("cp", 1), 1))
+    return cfg if isinstance(cfg, dict) and isinstance(cfg.get("dataset_param"), dict) else None
 
 
 def _from_files(
-    files: dict[str, str], model: str, task: str, runtime: str, source: str, req: DatasetRequest
+    files: dict[str, str],
+    model: str,
+    task: str,
+    runtime: str,
+    source: str,
+    req: DatasetRequest,
+    reader: ReaderFormat | None = None,
 ) -> Target:
+    """The job's config that reads the raw items: the one in the storage mode the model's reader reads
+    (`combine`, or `standard` for CogVideoX/Step-Video), or the VLM config with an `attr` block."""
+    if reader is not None and reader.format is None:
+        assert reader.entry.unsupported is not None
+        raise MMAgentError(
+            f"{model} {task}: mm-agent does not write this dataset: {reader.entry.unsupported.reason}",
+            field="model",
+            fix=reader.entry.unsupported.fix,
+        )
+    mode = reader.format.storage_mode if reader is not None and reader.format else "combine"
     raw_cfg: tuple[str, dict[str, Any]] | None = None
     vlm_cfg: tuple[str, dict[str, Any]] | None = None
     for rel, text in sorted(files.items()):
-        if not rel.endswith(".json"):
+        cfg = _data_config(rel, text)
+        if cfg is None:
             continue
-        try:
-            cfg = json.loads(text)
-        except ValueError:
-            continue
-        ds = cfg.get("dataset_param") if isinstance(cfg, dict) else None
-        if not isinstance(ds, dict):
-            continue
+        ds = cfg["dataset_param"]
         if isinstance(ds.get("attr"), dict) and vlm_cfg is None:
             vlm_cfg = (rel, cfg)
         basic = ds.get("basic_parameters", {})
-        if isinstance(basic, dict) and basic.get("data_storage_mode") == "combine" and raw_cfg is None:
+        stored = basic.get("data_storage_mode", "standard") if isinstance(basic, dict) else None
+        raw = ds.get("dataset_type") in ("t2v", "i2v")  # (a feature config is "standard" by default too)
+        if raw and stored == mode and raw_cfg is None:
             raw_cfg = (rel, cfg)
-    if vlm_cfg is not None:
-        return Target("mllm", model, task, runtime, None, vlm_cfg[1], f"{source}/{vlm_cfg[0]}")
+    if vlm_cfg is not None and (reader is None or reader.format_id == "mllm"):
+        return Target("mllm", model, task, runtime, None, vlm_cfg[1], f"{source}/{vlm_cfg[0]}", reader=reader)
     if raw_cfg is None:
         raise MMAgentError(
             f"{model} {task}: no dataset config that reads raw clips or MLLM records in {source}",
             field="model",
-            fix="prepare_dataset knows the video-text format (Wan, HunyuanVideo, ... `data_storage_mode: "
-            "combine`) and the MLLM format (VLMs with an `attr` block); write this model's index by hand",
+            fix="prepare_dataset knows the video-text formats (`data_storage_mode: combine` for Wan, HunyuanVideo, "
+            "...; `standard` data.jsonl for CogVideoX and Step-Video) and the MLLM format (VLMs with an `attr` "
+            "block); write this model's index by hand",
         )
     rel, cfg = raw_cfg
     script = next((t for r, t in files.items() if r.endswith(".sh") and "extract" in r), "")
@@ -105,7 +145,12 @@ def _from_files(
             fix="leave frame_interval at 1; to resample a high frame rate set auto_interval and train_fps",
         )
     kind: IndexKind = "image-text" if task in _IMAGE_TASKS else "video-text"
-    return Target(kind, model, task, runtime, limits, cfg, f"{source}/{rel}")
+    layout = _extraction_layout(script) if runtime == "mindspeed-mm" and script else None
+    loader = cfg.get("dataloader_param")
+    extraction = (*layout, loader if isinstance(loader, dict) else {}) if layout is not None else None
+    return Target(
+        kind, model, task, runtime, limits, cfg, f"{source}/{rel}", reader=reader, extraction=extraction
+    )
 
 
 def _job_files(job: Path, root: Path | None) -> dict[str, str]:
@@ -136,6 +181,21 @@ def _job_spec(text: str, path: Path) -> dict[str, Any]:
     return spec
 
 
+def _reader(model: str, task: str, version: str | None, backend: str | None) -> ReaderFormat | None:
+    """The model's reader at the job's version (the registry default when the job names none); None when the
+    model or task is not in the table (the configs alone then decide, as before)."""
+    from mm_agent.registry import get_registry
+
+    reg = get_registry()
+    try:
+        entry = reg.get(model)
+        if backend is None:
+            backend = next((t.backend for t in entry.tasks if t.id == task), None)
+        return reader_format(model, task, version or reg.versions.default, backend)
+    except MMAgentError:
+        return None
+
+
 def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target:
     if req.job_dir:
         job = confine(req.job_dir, root, "job_dir") if root else resolve(base / req.job_dir, "job_dir")
@@ -154,7 +214,10 @@ def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target
                 field="model",
                 fix=f"pass model={model}, or the job of {req.model}",
             )
-        target = _from_files(files, model, task, str(job_spec.get("runtime", "mindspeed-mm")), str(job), req)
+        version, backend = job_spec.get("mm_version"), job_spec.get("backend")
+        reader = _reader(model, task, str(version) if version else None, str(backend) if backend else None)
+        runtime = str(job_spec.get("runtime", "mindspeed-mm"))
+        target = _from_files(files, model, task, runtime, str(job), req, reader)
         target.job_dir = str(job)
         return target
     from mm_agent.render import RenderRequest, render_job  # render pulls in the templates; only here
@@ -185,4 +248,7 @@ def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target
             raise MMAgentError(err["msg"], field=where, fix=f"correct {where} (see list_models)") from None
         rendered = render_job(spec, root=None)
     files = {f.path: f.content or "" for f in rendered.files}
-    return _from_files(files, rendered.model, rendered.task, rendered.runtime, "render_job defaults", req)
+    reader = _reader(rendered.model, rendered.task, rendered.mm_version, rendered.backend)
+    return _from_files(
+        files, rendered.model, rendered.task, rendered.runtime, "render_job defaults", req, reader
+    )

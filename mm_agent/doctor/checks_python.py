@@ -171,7 +171,7 @@ def _effective_pins(ctx: Context) -> dict[str, tuple[str, str]]:
         if name != "torch"  # torch_version covers it
     }
     overlay = ctx.overlay()
-    for spec in overlay.pip if overlay else []:
+    for spec in overlay.pins() if overlay else []:
         try:
             req = Requirement(spec)
         except InvalidRequirement:
@@ -220,11 +220,11 @@ def model_deps(ctx: Context) -> Outcome:
     overlay = ctx.overlay()
     conflicts = [f"known conflict: {c}" for c in ctx.model.conflicts]
     name = f"{ctx.model.id} on MM {ctx.version.id}"
-    if overlay is None or not (overlay.pip or overlay.git_sources):
+    if overlay is None or not (overlay.pins() or overlay.git_sources):
         return ok(f"{name} needs nothing beyond the base install", conflicts)
     git_fixes: list[str] = []
     bad, evidence = [], []
-    for spec in overlay.pip:
+    for spec in overlay.pins():
         try:
             req = Requirement(spec)
         except InvalidRequirement:
@@ -262,7 +262,7 @@ def model_deps(ctx: Context) -> Outcome:
         evidence.append(f"MindSpeed-MM install script(s), not checked here: {', '.join(overlay.scripts)}")
     if not bad:
         return ok(f"{name}: overlay requirements satisfied", [*evidence, *conflicts])
-    pips = [b for b in bad if b in overlay.pip]
+    pips = [b for b in bad if b in overlay.pins()]
     fix = " && ".join(([f"pip install {' '.join(shlex.quote(b) for b in pips)}"] if pips else []) + git_fixes)
     if conflicts:
         fix += f" — these pins clash with other models' ({len(conflicts)} known conflict(s) listed): keep one venv per model"
@@ -284,7 +284,7 @@ def decord(ctx: Context) -> Outcome:
         ctx.model is not None
         and (
             ctx.model.family == "generative"
-            or any(p.startswith("decord") for p in (overlay.pip if overlay else []))
+            or any(p.startswith("decord") for p in (overlay.pins() if overlay else []))
         )
     )
     other_reader = (

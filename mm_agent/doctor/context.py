@@ -246,7 +246,7 @@ class Context:
         else:
             allowed = [s for s in entry.sizes if self.task.sizes is None or s.id in self.task.sizes]
             self.size = (allowed or entry.sizes)[0]
-        par = self.size.parallel
+        par = self.size.parallel_at(self.version.id, self.task.id, self.task.backend)  # this version's layout
         self.npus_per_node, self.nnodes, self.tp = par.npus_per_node, par.nnodes, par.tp
 
     def _resolve_mm_root(self) -> None:
@@ -348,7 +348,7 @@ class Context:
 
         names: list[str] = []
         from_git: list[str] = [canonicalize_name(s.name) for s in overlay.git_sources]
-        for spec in overlay.pip:
+        for spec in overlay.pins():
             req = requirement(spec)
             if req is not None:
                 names.append(req.name)

@@ -40,6 +40,16 @@ class StockShape(BaseModel):
     origin: str = Field(alias="from", min_length=5)
 
 
+class StockPatch(BaseModel):
+    """A size's own [t, h, w] patch and the stock model config (under MindSpeed-MM/<version>/) whose `predictor`
+    builds it, so a test can read it back from upstream."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    patch: list[int] = Field(min_length=3, max_length=3)
+    origin: str = Field(alias="from", min_length=5)
+
+
 class ShapeData(BaseModel):
     """What shapes.yaml says about one model (see the file's header)."""
 
@@ -51,6 +61,10 @@ class ShapeData(BaseModel):
     layers: int | None = Field(default=None, gt=0, description="layers of the released model params_b counts")
     vae_stride: list[int] = Field(default=[4, 8, 8], min_length=3, max_length=3)
     patch: list[int] = Field(default=[1, 2, 2], min_length=3, max_length=3)
+    # the stock model config whose predictor builds `patch` (None: the example folder has none, `source` says where
+    # the value comes from); a size whose stock config builds another patch has its own (CogVideoX 1.5: 2x2x2)
+    patch_from: str | None = Field(default=None, min_length=5)
+    patch_by_size: dict[str, StockPatch] = Field(default_factory=dict)
     stride_by_size: dict[str, list[int]] = Field(default_factory=dict)
     # a VAE that encodes fixed chunks of frames instead of 1 + stride x n: [frames per chunk, latents per chunk]
     frame_chunk: tuple[int, int] | None = None
@@ -68,6 +82,11 @@ class ShapeData(BaseModel):
         if self.kind == "image" and any(s.frames != 1 for s in shapes):
             raise ValueError("an image model's stock_shape has frames: 1")
         return self
+
+    def patch_for(self, size_id: str) -> list[int]:
+        """The size's own patch where its stock model config builds another one, else the model's."""
+        own = self.patch_by_size.get(size_id)
+        return own.patch if own is not None else self.patch
 
     def stock_for(self, size_id: str) -> StockShape | None:
         """The size's own stock shape where its example trains on another one, else the model's."""
@@ -183,7 +202,7 @@ def model_shape(entry: ModelEntry, size: SizeSpec) -> ModelShape:
         source += "; ViT assumed 0.6B"
     vocab = int(arch.get("vocab_size", 151936)) if kind == "vlm" else 0
     stride = (data.stride_by_size.get(size.id) if data else None) or (data.vae_stride if data else [4, 8, 8])
-    patch = data.patch if data else [1, 2, 2]
+    patch = data.patch_for(size.id) if data else [1, 2, 2]
     if data is not None and source.startswith(("shapes.yaml", "size id", "Hugging Face")):
         source += f" ({data.source})"
     return ModelShape(

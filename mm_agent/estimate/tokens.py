@@ -1,7 +1,8 @@
 """Input shape -> tokens: what the DiT or the LLM attends over, per sample.
 
 Video: frames and pixels through the VAE stride, then the patch size (Wan2.1 81x480x832: latent 21x60x104,
-patch 1x2x2 -> 21 x 30 x 52 = 32,760 tokens; Step-Video's VAE encodes 17-frame chunks into 3 latents each). Image: the same with one frame. VLM: the text plus the image
+patch 1x2x2 -> 21 x 30 x 52 = 32,760 tokens; CogVideoX 1.5 37x480x720: latent 10x60x90, patch 2x2x2 -> 5 x 30 x 45
+= 6,750; Step-Video's VAE encodes 17-frame chunks into 3 latents each). Image: the same with one frame. VLM: the text plus the image
 patches after the 2x2 merge, the ViT seeing every 14x14 patch (video: two frames per temporal patch).
 
 What the request leaves out comes from the model's stock shape (the input MindSpeed-MM's own example trains on,
@@ -73,5 +74,7 @@ def count_tokens(
                 fix=f"use {low} or {low + unit}",
             )
     latent_t = f // shape.frame_chunk[0] * shape.frame_chunk[1] if shape.frame_chunk else 1 + (f - 1) // st
-    seq = max(1, latent_t // pt) * (h // ss // ph) * (w // ss // pw)
+    # a temporal patch over an odd latent count pads the last one (MindSpeed-MM v26.0.0
+    # mindspeed_mm/models/predictor/dits/sat_dit.py:270, CogVideoX 1.5's 2x2x2 patch): ceil, not floor
+    seq = max(1, -(-latent_t // pt)) * (h // ss // ph) * (w // ss // pw)
     return Tokens(f, h, w, text, seq, 0)

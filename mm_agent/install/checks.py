@@ -12,13 +12,26 @@ import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Exit 0 when every requirement in argv is installed and satisfied (git pins: installed from that commit).
+# Exit 0 when every requirement in argv is installed and satisfied (git pins: installed from that commit, read
+# from pip's direct_url.json, or for an editable install of a local checkout from that checkout's HEAD, which
+# is how the READMEs' `git clone; git checkout <sha>; pip install -e .` and `-e git+...` lines install).
 REQUIREMENTS_SNIPPET = """\
-import importlib.metadata as md, json, sys
+import importlib.metadata as md, json, subprocess, sys, urllib.parse
 try:
     from packaging.requirements import Requirement
 except ImportError:
     from pip._vendor.packaging.requirements import Requirement
+def commit(info):
+    found = info.get("vcs_info", {}).get("commit_id", "")
+    url = info.get("url", "")
+    if not found and info.get("dir_info", {}).get("editable") and url.startswith("file://"):
+        try:
+            head = subprocess.run(["git", "-C", urllib.parse.unquote(url[7:]), "rev-parse", "HEAD"],
+                                  capture_output=True, text=True)
+        except OSError:
+            return ""
+        found = head.stdout.strip()
+    return found
 bad = []
 for text in sys.argv[1:]:
     req = Requirement(text)
@@ -29,8 +42,9 @@ for text in sys.argv[1:]:
         continue
     print(req.name, dist.version)
     if req.url:
-        info = json.loads(dist.read_text("direct_url.json") or "{}")
-        if not info.get("vcs_info", {}).get("commit_id", "").startswith(req.url.rsplit("@", 1)[-1]):
+        ref = req.url.rsplit("@", 1)[-1]
+        found = commit(json.loads(dist.read_text("direct_url.json") or "{}"))
+        if not (found and found.startswith(ref)):
             bad.append(req.name + " is not installed from " + req.url)
     elif not req.specifier.contains(dist.version, prereleases=True):
         bad.append(req.name + " " + dist.version + " does not satisfy " + str(req.specifier))

@@ -114,7 +114,7 @@ def find_conflicts(
     for entry in models:
         overlay = entry.deps_for(info.id)
         overlays[entry.id] = [
-            _Pin(f"{entry.id} overlay", entry.id, r) for r in (overlay.pip if overlay else [])
+            _Pin(f"{entry.id} overlay", entry.id, r) for r in (overlay.pins() if overlay else [])
         ]
 
     conflicts: list[Conflict] = []

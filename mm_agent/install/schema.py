@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from mm_agent.errors import MMAgentError
 from mm_agent.registry import DATA_DIR, Registry, read_yaml, validation_error
+from mm_agent.registry.deps import ReadmeDeviation
 from mm_agent.registry.tokens import CmakeDefine, GitRef, HttpsUrl, PipRequirement, SystemPackage
 
 Arch = Literal["x86_64", "aarch64"]
@@ -82,6 +83,26 @@ class InstallSh(_Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
+class TritonAscend(_Frozen):
+    version: str = Field(pattern=_VERSION)
+    index: HttpsUrl = Field(description="pip --extra-index-url holding the Triton-Ascend wheels")
+    source: str = Field(min_length=10, description="where the install guide says so (path:line)")
+    notes: list[str] = Field(default_factory=list)
+
+
+class ReadmeFidelity(_Frozen):
+    """What tests/fidelity/test_install_readme.py accepts in a plan beyond a model README's install section."""
+
+    plan_only: dict[str, str] = Field(
+        default_factory=dict,
+        description="plan step id -> why the plan has it (or more commands in it) though READMEs do not show them",
+    )
+    guide_deviations: dict[str, list[ReadmeDeviation]] = Field(
+        default_factory=dict,
+        description="MindSpeed-MM version -> install-guide commands the base plan does not follow as written, and why",
+    )
+
+
 class InstallKnowledge(_Frozen):
     repos: Repos
     torch_index: dict[Arch, HttpsUrl | None]
@@ -91,6 +112,10 @@ class InstallKnowledge(_Frozen):
     decord: Decord
     cann: Cann
     install_sh: InstallSh
+    triton_ascend: dict[str, TritonAscend] = Field(
+        default_factory=dict, description="MindSpeed-MM version -> the install guide's Triton-Ascend step"
+    )
+    readme: ReadmeFidelity = ReadmeFidelity()
 
 
 def _cross_check(knowledge: InstallKnowledge, registry: Registry, path: Path) -> None:
@@ -119,9 +144,17 @@ def _cross_check(knowledge: InstallKnowledge, registry: Registry, path: Path) ->
                 field=f"torch_npu.{version}.version",
                 fix=f"use a {release.torch}.postN wheel",
             )
+    for version in knowledge.triton_ascend:
+        if registry.versions.get(version) is None:
+            raise MMAgentError(
+                f"triton_ascend names version {version!r}, which versions.yaml does not list",
+                file=str(path),
+                field=f"triton_ascend.{version}",
+                fix="use a version id from versions.yaml",
+            )
     for entry in registry.models.values():
         for overlay in entry.deps:
-            for text in overlay.pip:
+            for text in overlay.pins():
                 if canonicalize_name(Requirement(text).name) in MANAGED_PACKAGES:
                     raise MMAgentError(
                         f"{text!r} is installed by its own step (arch-specific wheel or source build)",

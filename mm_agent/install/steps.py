@@ -13,16 +13,21 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from mm_agent.install.checks import PYTHON_VERSION_SNIPPET, Check, requirements_check
 from mm_agent.install.schema import Arch, InstallKnowledge, OsFamily, load_install_knowledge
 from mm_agent.registry import Registry, get_registry
+from mm_agent.registry.deps import ModelAction, split_loc
 from mm_agent.registry.schema import DepsOverlay, ModelEntry, VersionInfo
 
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 
 Stage = Literal["system", "env_setup", "model_deps"]
+# The note a step carries when its overlay says the README's install section does not show it (and why).
+BEYOND_README = "Not in the README's install section: "
 EnvKind = Literal["venv", "conda"]
 
 
@@ -48,6 +53,10 @@ class PlanStep(BaseModel):
     manual: bool = Field(default=False, description="done by hand (never executed); instructions say how")
     requires_root: bool = False
     instructions: list[str] = Field(default_factory=list)
+    manual_commands: list[str] = Field(
+        default_factory=list,
+        description="a manual step's README commands, from the folder that holds MindSpeed-MM (never run)",
+    )
     notes: list[str] = Field(default_factory=list)
 
 
@@ -200,7 +209,7 @@ def _head_check(repo: str, ref: str) -> Check:
     """HEAD is `ref`: a commit (prefix), a tag (exact match) or a branch name."""
     if _COMMIT.match(ref):
         return Check(argv=["git", "-C", repo, "rev-parse", "HEAD"], expect=ref)
-    if ref.startswith(("v", "core_")):
+    if ref.startswith(("v", "core_v")):  # release tags (v26.0.0, core_v0.12.1); core_r0.8.0 is a branch
         return Check(argv=["git", "-C", repo, "describe", "--tags", "--exact-match"], expect=ref)
     return Check(argv=["git", "-C", repo, "rev-parse", "--abbrev-ref", "HEAD"], expect=ref)
 
@@ -221,19 +230,28 @@ def _mm_source(c: StepContext) -> PlanStep:
 
 
 def _wants_megatron(c: StepContext) -> bool:
-    """The README's install.sh line decides; without one, the manual guide always copies Megatron."""
-    return (
-        c.overlay is None or c.overlay.install_sh is None or bool(c.overlay.install_sh_option("--megatron"))
-    )
+    """The README decides: its install.sh line, or an overlay that says it runs without Megatron; otherwise
+    the manual guide always copies Megatron in."""
+    if c.overlay is None:
+        return True
+    if "megatron" in c.overlay.omit:
+        return False
+    return c.overlay.install_sh is None or bool(c.overlay.install_sh_option("--megatron"))
+
+
+def _omits(c: StepContext, step: str) -> bool:
+    return c.overlay is not None and step in c.overlay.omit
 
 
 def _megatron(c: StepContext) -> PlanStep:
-    tag, checkout = c.info.megatron, c.layout.src("Megatron-LM")
+    tag = (c.overlay.megatron_ref if c.overlay else None) or c.info.megatron
+    checkout = c.layout.src("Megatron-LM")
     return PlanStep(
         id="megatron",
         stage="env_setup",
         title=f"Megatron-LM {tag} copied into the checkout",
-        why=f"MindSpeed-MM imports `megatron` from its own root (No module named 'megatron' otherwise); it pins {tag}.",
+        why="MindSpeed-MM imports `megatron` from its own root (No module named 'megatron' otherwise); "
+        + (f"{c.entry.name}'s README checks out {tag}." if tag != c.info.megatron else f"it pins {tag}."),
         commands=[
             Command(
                 argv=["git", "clone", "--depth", "1", "--branch", tag, c.knowledge.repos.megatron, checkout],
@@ -258,6 +276,8 @@ def _mindspeed_ref(c: StepContext) -> tuple[str | None, str]:
         branch = c.overlay.install_sh_option("--msbranch")
         if isinstance(branch, str):
             return branch, f"the branch {c.entry.name}'s install.sh line names"
+        if c.overlay.mindspeed_branch:
+            return c.overlay.mindspeed_branch, f"the branch {c.entry.name}'s README clones"
     if c.info.mindspeed_branch:
         return c.info.mindspeed_branch, f"the MindSpeed branch of MindSpeed-MM {c.info.id}"
     return None, ""
@@ -280,6 +300,23 @@ def _mindspeed(c: StepContext) -> PlanStep:
                 f"check out the MindSpeed commit named in examples/{c.entry.id}/README.md of MindSpeed-MM "
                 f"{_mm_ref(c.info.id)}, then pip install -r requirements.txt and pip install -e . in it",
             ],
+        )
+    if c.overlay is not None and c.overlay.mindspeed_install == "copy":
+        package = c.layout.mm("mindspeed")
+        return PlanStep(
+            id="mindspeed",
+            stage="env_setup",
+            title=f"MindSpeed at {ref}, its package copied into the checkout",
+            why=f"{c.entry.name}'s README copies MindSpeed's `mindspeed/` package into the MindSpeed-MM checkout "
+            f"(`cp -r mindspeed ../MindSpeed-MM/`) instead of installing it; the code is {how}.",
+            commands=[
+                Command(
+                    argv=["git", "clone", c.knowledge.repos.mindspeed, repo], unless_exists=f"{repo}/.git"
+                ),
+                Command(argv=["git", "-C", repo, "checkout", ref]),
+                Command(argv=["cp", "-rT", f"{repo}/mindspeed", package]),
+            ],
+            verify=[_head_check(repo, ref), Check(argv=["test", "-f", f"{package}/__init__.py"])],
         )
     return PlanStep(
         id="mindspeed",
@@ -310,10 +347,135 @@ def _mm_install(c: StepContext) -> PlanStep:
     )
 
 
+def _checkout_path(c: StepContext, name: str) -> str:
+    """Where a checkout named in the overlay's steps lives (`mm` or an earlier clone)."""
+    if name == "mm":
+        return c.layout.mm_root
+    assert c.overlay is not None
+    for action in c.overlay.steps:
+        if action.clone is not None and action.clone.name == name:
+            return c.layout.mm(name) if action.clone.at == "mm" else c.layout.src(name)
+    raise KeyError(name)  # the overlay validator rules this out
+
+
+def _path(c: StepContext, loc: str) -> str:
+    where, rel = split_loc(loc)
+    root = _checkout_path(c, where)
+    return f"{root}/{rel}" if rel else root
+
+
+def _unique(step_id: str, seen: dict[str, int]) -> str:
+    seen[step_id] = seen.get(step_id, 0) + 1
+    return step_id if seen[step_id] == 1 else f"{step_id}-{seen[step_id]}"
+
+
+def _action_step(c: StepContext, action: ModelAction, step_id: str) -> PlanStep:
+    """One README command of the overlay's `steps` as a verified plan step."""
+    name = c.entry.name
+    why = action.why or f"{name}'s README runs it at this point of its install section."
+    notes = [BEYOND_README + action.beyond_readme] if action.beyond_readme else []
+    if action.pip:
+        extra = ["--extra-index-url", action.index] if action.index else []
+        return PlanStep(
+            id=step_id,
+            stage="model_deps",
+            title=f"pip install {' '.join(action.pip)}",
+            why=why,
+            commands=[c.pip("install", *action.pip, *extra)],
+            verify=[requirements_check(c.layout.python, list(action.pip))],
+            notes=notes,
+        )
+    if action.requirements or action.editable:
+        loc = action.requirements or action.editable
+        assert loc is not None
+        where, rel = split_loc(loc)
+        flag = "-r" if action.requirements else "-e"
+        return PlanStep(
+            id=step_id,
+            stage="model_deps",
+            title=f"pip install {flag} {rel or '.'} in {where}",
+            why=why,
+            commands=[c.pip("install", flag, rel or ".", cwd=_checkout_path(c, where))],
+            verify=[requirements_check(c.layout.python, list(action.holds))] if action.holds else [],
+            notes=notes,
+        )
+    if action.clone:
+        src = action.clone
+        path = _checkout_path(c, src.name)
+        commands = [Command(argv=["git", "clone", src.url, path], unless_exists=f"{path}/.git")]
+        if src.ref:
+            commands.append(Command(argv=["git", "-C", path, "checkout", src.ref]))
+        return PlanStep(
+            id=step_id,
+            stage="model_deps",
+            title=f"{src.name} source" + (f" at {src.ref}" if src.ref else " (default branch)"),
+            why=action.why
+            or f"{name}'s README works in a {src.name} checkout"
+            + (f" at {src.ref}." if src.ref else "; it pins no commit."),
+            commands=commands,
+            verify=[_head_check(path, src.ref) if src.ref else Check(argv=["test", "-d", f"{path}/.git"])],
+            notes=notes,
+        )
+    if action.copy_:
+        source, target = _path(c, action.copy_.source), _path(c, action.copy_.to)
+        made = _path(c, action.copy_.creates) if action.copy_.creates else target
+        return PlanStep(
+            id=step_id,
+            stage="model_deps",
+            title=f"copy {action.copy_.source} to {action.copy_.to}",
+            why=why,
+            commands=[Command(argv=["cp", "-rT", source, target])],
+            verify=[Check(argv=["test", "-e", made])],
+            notes=notes,
+        )
+    if action.script:
+        script = action.script
+        verify = [requirements_check(c.layout.python, list(script.installs))] if script.installs else []
+        if script.done_when:
+            verify.append(Check(argv=["test", "-e", _path(c, script.done_when)]))
+        return PlanStep(
+            id=step_id,
+            stage="model_deps",
+            title=f"bash {script.path}",
+            why=why,
+            commands=[Command(argv=["bash", _path(c, script.path)], cwd=_checkout_path(c, script.cwd))],
+            verify=verify,
+            notes=[*notes, "Run with the environment's bin/ first on PATH so the script's pip targets it."],
+        )
+    manual = action.manual
+    assert manual is not None
+    return PlanStep(
+        id=step_id,
+        stage="model_deps",
+        title=manual.title,
+        why=manual.why,
+        verify=[requirements_check(c.layout.python, list(manual.check))] if manual.check else [],
+        manual=True,
+        instructions=[*manual.instructions, *(f"$ {line}" for line in manual.commands)],
+        manual_commands=list(manual.commands),
+        notes=notes,
+    )
+
+
+def _action_id(action: ModelAction) -> str:
+    if action.clone:
+        return f"model-source-{action.clone.name.lower()}"
+    if action.manual:
+        return f"model-{action.manual.id}"
+    if action.editable:
+        return f"model-editable-{split_loc(action.editable)[0].lower()}"
+    return {"pip": "model-packages", "requirements": "model-requirements", "copy": "model-copy"}.get(
+        action.kind, "model-script"
+    )
+
+
 def _model_steps(c: StepContext) -> list[PlanStep]:
     overlay = c.overlay
     if overlay is None:
         return []
+    if overlay.steps:
+        seen: dict[str, int] = {}
+        return [_action_step(c, a, _unique(_action_id(a), seen)) for a in overlay.steps]
     steps: list[PlanStep] = []
     if overlay.requirements_file or overlay.pip:
         commands = []
@@ -420,13 +582,48 @@ def _decord(c: StepContext) -> list[PlanStep]:
     ]
 
 
+def _triton_ascend(c: StepContext) -> list[PlanStep]:
+    """The install guide's last step at versions that have it (26.1.0: Triton-Ascend from its own index)."""
+    pin = c.knowledge.triton_ascend.get(c.info.id)
+    if pin is None:
+        return []
+    req = f"triton-ascend=={pin.version}"
+    mine = [Requirement(r) for r in (c.overlay.pins() if c.overlay else [])]
+    if any(canonicalize_name(r.name) == "triton-ascend" and r.specifier.contains(pin.version) for r in mine):
+        return []  # the model's README installs this Triton-Ascend itself, at its own place in its steps
+    return [
+        PlanStep(
+            id="triton-ascend",
+            stage="env_setup",
+            title=f"Triton-Ascend {pin.version}",
+            why=f"MindSpeed-MM {c.info.id}'s install guide ends with Triton-Ascend {pin.version} from its own "
+            f"index ({pin.source}); Triton-Ascend is bound to the CANN version.",
+            commands=[c.pip("install", req, "--extra-index-url", pin.index)],
+            verify=[requirements_check(c.layout.python, [req])],
+            notes=list(pin.notes),
+        )
+    ]
+
+
 def build_steps(c: StepContext) -> list[PlanStep]:
-    """All steps in execution order (system, then the base stack, then the model's overlay)."""
+    """All steps in execution order (system, then the base stack, then the model's overlay).
+
+    An overlay can leave base steps out (`omit`), install MindSpeed-MM after its own steps
+    (`mm_install_last`) and put MindSpeed or Megatron at other refs, as its README does. Triton-Ascend (the
+    install guide's last step, where the version has one) follows the model's steps, as in the READMEs that
+    show it, and goes with the MindSpeed-MM install.
+    """
     decord = _decord(c)
     system = [_system_packages(c), *(s for s in decord if s.stage == "system"), _cann(c), _create_env(c)]
     stack = [_torch(c), _torch_npu(c), _mm_source(c), *([_megatron(c)] if _wants_megatron(c) else [])]
-    stack += [_mindspeed(c), _mm_install(c)]
-    return [*system, *stack, *_model_steps(c), *(s for s in decord if s.stage != "system")]
+    stack += [] if _omits(c, "mindspeed") else [_mindspeed(c)]
+    mm = [] if _omits(c, "mindspeed-mm") else [_mm_install(c)]
+    triton = _triton_ascend(c) if mm else []
+    model = _model_steps(c)
+    last = c.overlay is not None and c.overlay.mm_install_last
+    # installed after the model's own steps, MindSpeed-MM's install belongs with them (route_model shows it there)
+    ordered = [*model, *(s.model_copy(update={"stage": "model_deps"}) for s in mm)] if last else [*mm, *model]
+    return [*system, *stack, *ordered, *triton, *(s for s in decord if s.stage != "system")]
 
 
 def plan_context(

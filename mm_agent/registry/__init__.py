@@ -114,8 +114,9 @@ class Registry:
             ranges = [entry.versions, *(t.versions for t in entry.tasks), *(d.versions for d in entry.deps)]
             ranges += [s.versions for s in entry.sizes]
             ranges += [rng for s in entry.sizes for rng in s.config_file_versions.values()]
-            if entry.converter is not None:
-                ranges += [entry.converter.versions, *entry.converter.method_versions.values()]
+            for conv in (entry.converter, *(t.converter for t in entry.tasks)):
+                if conv is not None:
+                    ranges += [conv.versions, *conv.method_versions.values()]
             for rng in ranges:
                 for v in (rng.since, rng.until):
                     if v is not None and v not in known and v != "1.0.0":

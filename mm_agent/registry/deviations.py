@@ -6,8 +6,11 @@ must be either a *user choice* (a path, or a value the request sets: iterations,
 and says why mm-agent differs on purpose. Both lists are data, validated here at load.
 
 Files:
-- `deviations/<model>.yaml`: `deviations: [{model, task?, backend?, size?, versions?, file, key, reason}]`;
-  `model` must equal the file stem (one file per model).
+- `deviations/<model>.yaml`: `deviations: [{model, task?, backend?, size?, versions?, file, key, reason,
+  evidence}]`; `model` must equal the file stem (one file per model). `evidence: [{file, text, present?, tree?,
+  versions?}]` is the upstream text the reason rests on (a stock value, the line of code that reads or ignores a
+  key); tests/fidelity/test_deviation_evidence.py re-finds each at every version the deviation covers, so a reason
+  that is (or becomes) false fails there instead of standing in the data.
 - `deviations/_user_choices.yaml`: `user_choices: [{key, files?, kind, reason}]`; `kind: path` = a location
   that is always the user's (dropped whenever both sides set it), `kind: request` = a value the request can
   set (dropped only when the request set it; with defaults it must equal the stock value).
@@ -45,6 +48,33 @@ def _reason_text(value: str) -> str:
     return value.strip()
 
 
+class Evidence(_Frozen):
+    """Upstream text a deviation's reason rests on: `file` (in the `tree` checkout of the deviation's version) holds
+    `text` (or, `present: false`, does not), whitespace runs compared as one space."""
+
+    file: str = Field(min_length=3, description="path inside the upstream checkout, e.g. examples/x/y.sh")
+    text: str = Field(min_length=3, description="text the file holds (whitespace-insensitive)")
+    present: bool = Field(default=True, description="false: the claim is that the file does not hold `text`")
+    tree: Literal["MindSpeed-MM", "MindSpeed", "Megatron-LM"] = "MindSpeed-MM"
+    versions: VersionRange | None = Field(
+        default=None, description="where this evidence holds, if narrower than the deviation's versions"
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        if value.startswith(("/", "~")) or ".." in Path(value).parts or "\\" in value:
+            raise ValueError("file is a path inside the upstream checkout (relative, no '..')")
+        return value
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if len(" ".join(value.split())) < 3:
+            raise ValueError("text must quote at least 3 non-blank characters of the file")
+        return value
+
+
 class Deviation(_Frozen):
     """One key where mm-agent's rendered file differs from the stock example on purpose."""
 
@@ -56,6 +86,10 @@ class Deviation(_Frozen):
     file: str = Field(min_length=1, description="rendered file (job-relative path, fnmatch pattern)")
     key: str = Field(min_length=1, description="flag, env var or dotted config key (fnmatch pattern)")
     reason: str = Field(description="why mm-agent differs from the stock example")
+    evidence: list[Evidence] = Field(
+        min_length=1,
+        description="the upstream text the reason rests on (re-found at each version by the fidelity suite)",
+    )
 
     @field_validator("reason")
     @classmethod

@@ -7,10 +7,14 @@ so a typo in a data file fails at load time with the file and field named, not l
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, get_args
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
+from mm_agent.registry.deps import BaseStep, ModelAction, ReadmeDeviation
 from mm_agent.registry.tokens import AbsPath, GitRef, HttpsUrl, PipRequirement, RelPath
 
 Family = Literal["vlm", "generative", "omni", "audio", "post-training"]
@@ -98,6 +102,46 @@ class FeatureExtraction(_Frozen):
     versions: VersionRange = VersionRange()
 
 
+class ConverterStub(_Frozen):
+    """A converter method whose body upstream is a stub: the versions where it is, and what a user does instead."""
+
+    versions: VersionRange = VersionRange()
+    fix: str = Field(
+        min_length=10,
+        description="the manual path upstream documents instead, or that the conversion does not exist there",
+    )
+
+
+_FLAG = r"^--[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class ConvertArgs(_Frozen):
+    """Flags a conversion method takes beyond the generic command (paths, layout), where upstream's README
+    adds them: Qwen3.5-4B's `--tie_weight_mapping` at 26.0.0, DeepSeek-VL2's `--cfg.parallel_config.ep_size`."""
+
+    method: str
+    args: list[str] = Field(min_length=2, description="flag, value, flag, value, ... (argv words, no shell)")
+    sizes: list[str] | None = Field(default=None, description="None = every size")
+    tasks: list[TaskId] | None = Field(default=None, description="None = every task")
+    versions: VersionRange = VersionRange()
+    source: str = Field(min_length=10, description="where upstream says so, path:line at the version")
+
+    @field_validator("args")
+    @classmethod
+    def _flag_value_pairs(cls, value: list[str]) -> list[str]:
+        if len(value) % 2 or not all(re.match(_FLAG, flag) for flag in value[::2]):
+            raise ValueError(f"args must be --flag value pairs, got {value}")
+        return value
+
+    def applies(self, method: str, size: str, task: str | None, version: str) -> bool:
+        return (
+            self.method == method
+            and (self.sizes is None or size in self.sizes)
+            and (self.tasks is None or task in self.tasks)
+            and self.versions.contains(version)
+        )
+
+
 class ConverterSpec(_Frozen):
     """`mm-convert` converter class and the methods it exposes."""
 
@@ -115,15 +159,41 @@ class ConverterSpec(_Frozen):
         default_factory=dict,
         description="methods added or removed inside the class's range (method -> versions that have it)",
     )
+    path_methods: list[str] = Field(
+        default_factory=list,
+        description="methods whose cfg is only --cfg.source_path/--cfg.target_path (a VAE or text-encoder "
+        "conversion with no parallel layout, e.g. OpenSoraPlanConverter.vae_convert)",
+    )
     cli_registered: bool = Field(
         default=True,
         description="False: MindSpeed-MM's checkpoint/__init__.py never imports the class's module, so "
         "`mm-convert <class>` cannot find it (the README's command fails) and the module must be imported first",
     )
+    module: str | None = Field(
+        default=None,
+        pattern=r"^checkpoint(\.[A-Za-z_][A-Za-z0-9_]*)+$",
+        description="the checkpoint/ module that defines the class; required when cli_registered is false: the "
+        "command imports it and then runs MindSpeed-MM's CLI (`python -c 'import <module>; from "
+        "checkpoint.convert_cli import main; main()' <class> ...`)",
+    )
+    stubs: dict[str, ConverterStub] = Field(
+        default_factory=dict,
+        description="methods whose body upstream is a stub (`pass`, `...`, only a docstring, `raise "
+        "NotImplementedError`) at some versions: never offered as a step there",
+    )
+    extra_args: list[ConvertArgs] = Field(
+        default_factory=list,
+        description="arguments a method needs beyond the generic command, as upstream's README gives them",
+    )
 
     @model_validator(mode="after")
     def _methods_exist(self) -> ConverterSpec:
-        for name in (self.to_training, self.to_hf, *self.method_versions):
+        if not self.cli_registered and self.module is None:
+            raise ValueError("cli_registered: false needs `module` (the checkpoint module to import first)")
+        for named in (*self.stubs, *(a.method for a in self.extra_args)):
+            if named not in self.methods:
+                raise ValueError(f"converter method {named!r} is not in methods {self.methods}")
+        for name in (self.to_training, self.to_hf, *self.method_versions, *self.path_methods):
             if name is not None and name not in self.methods:
                 raise ValueError(f"converter method {name!r} is not in methods {self.methods}")
         if self.to_training in self.method_versions:
@@ -132,6 +202,11 @@ class ConverterSpec(_Frozen):
                 "narrow the converter's versions instead of listing it in method_versions"
             )
         return self
+
+    def stub_at(self, name: str, version: str) -> ConverterStub | None:
+        """The stub record when MindSpeed-MM `version`'s `name` is only a stub (nothing to run)."""
+        stub = self.stubs.get(name)
+        return stub if stub is not None and stub.versions.contains(version) else None
 
     def has_method(self, name: str, version: str) -> bool:
         """Whether MindSpeed-MM `version` offers `name` on this converter."""
@@ -169,6 +244,37 @@ class Parallel(_Frozen):
         return self
 
 
+class SizeChange(_Frozen):
+    """Where the stock example of part of a size's versions (or of one of its tasks) differs from the size's own
+    `parallel` / `arch`: the values it sets there, so each version renders its own stock example (Qwen3.5-27B:
+    MindSpeed-MM 26.0.0's launcher runs 2 nodes x 8 NPUs at micro batch 1, 26.1.0's one node of 16 at 2)."""
+
+    versions: VersionRange = VersionRange()
+    task: TaskId | None = Field(default=None, description="None = every task")
+    backend: Backend | None = Field(default=None, description="None = every backend")
+    parallel: dict[str, Any] = Field(default_factory=dict, description="Parallel fields set there")
+    arch: dict[str, Any] = Field(
+        default_factory=dict, description="top-level arch keys set there (null = the key is left out)"
+    )
+    source: str = Field(min_length=10, description="the stock file(s) that say so, path:line at the version")
+
+    @model_validator(mode="after")
+    def _sets_something(self) -> SizeChange:
+        if not self.parallel and not self.arch:
+            raise ValueError("a change sets parallel or arch values")
+        unknown = sorted(set(self.parallel) - set(Parallel.model_fields))
+        if unknown:
+            raise ValueError(f"parallel names {unknown}, not Parallel fields {sorted(Parallel.model_fields)}")
+        return self
+
+    def applies(self, version: str, task: str | None, backend: str | None) -> bool:
+        return (
+            self.versions.contains(version)
+            and (self.task is None or self.task == task)
+            and (self.backend is None or self.backend == backend)
+        )
+
+
 class SizeSpec(_Frozen):
     id: str = Field(description="size id as used in the examples tree, e.g. 1.3b, 14b, 3b")
     hf_ids: list[str] = Field(default_factory=list, description="Hugging Face repo ids of this size")
@@ -184,6 +290,10 @@ class SizeSpec(_Frozen):
         default_factory=dict,
         description="roles whose file ships in only part of the size's range (role -> versions that have it)",
     )
+    changes: list[SizeChange] = Field(
+        default_factory=list,
+        description="where a version's (or a task's) stock example sets other parallel/arch values; in order",
+    )
     versions: VersionRange = VersionRange()
 
     @model_validator(mode="after")
@@ -193,7 +303,33 @@ class SizeSpec(_Frozen):
             raise ValueError(
                 f"config_file_versions names {unknown}, which are not config_files roles {sorted(self.config_files)}"
             )
+        for change in self.changes:
+            # the layout each change makes must itself be a valid one (pp lists match pp, sizes >= 1)
+            Parallel.model_validate({**self.parallel.model_dump(exclude_unset=True), **change.parallel})
         return self
+
+    def parallel_at(self, version: str, task: str | None = None, backend: str | None = None) -> Parallel:
+        """The stock layout of this size at `version` (for `task` / `backend`): `parallel` with the `changes`
+        that apply there."""
+        sets = [c.parallel for c in self.changes if c.parallel and c.applies(version, task, backend)]
+        if not sets:
+            return self.parallel
+        values = self.parallel.model_dump(exclude_unset=True)
+        for one in sets:
+            values.update(one)
+        return Parallel.model_validate(values)
+
+    def arch_at(self, version: str, task: str | None = None, backend: str | None = None) -> dict[str, Any]:
+        """`arch` at `version` (for `task` / `backend`), with the `changes` that apply there (null drops a key)."""
+        arch = dict(self.arch)
+        for change in self.changes:
+            if change.applies(version, task, backend):
+                for key, value in change.arch.items():
+                    if value is None:
+                        arch.pop(key, None)
+                    else:
+                        arch[key] = value
+        return arch
 
     def config_files_at(self, version: str) -> dict[str, str]:
         """The config files (role -> path) that MindSpeed-MM `version` ships for this size."""
@@ -253,6 +389,11 @@ class TaskSpec(_Frozen):
         description="where a later version's stock example changed these values: the fields each entry sets, "
         "from its `since` on (entries in version order)",
     )
+    converter: ConverterSpec | None = Field(
+        default=None,
+        description="the converter this task's training loads from when it is not the model's (Qwen3-VL's "
+        "fsdp2-native trainer keeps Hugging Face names: GenericDCPConverter, examples/qwen3vl/README_v1.md)",
+    )
     notes: list[str] = Field(default_factory=list)
 
     def train_defaults_at(self, version: str) -> TrainDefaults:
@@ -294,8 +435,11 @@ class DepsOverlay(_Frozen):
     """Model-specific install steps on top of the base MindSpeed-MM install, for a range of versions.
 
     Every string here reaches a command line, so each has a strict type (registry/tokens.py); there is no
-    free-form shell. A README command that is not a pip requirement, a requirements file, a script in the
-    checkout or a git source does not fit and has to be modelled first.
+    free-form shell. Simple overlays list `pip` pins (after an optional `requirements_file`), `git_sources`
+    and `scripts`; an overlay whose README does more, or in another order, lists its commands as `steps`
+    (registry/deps.py), in README order. The fields after `steps` say where the README's base install
+    differs from MindSpeed-MM's install guide (its MindSpeed ref and how it installs it, Megatron's tag, base
+    steps it leaves out); tests/fidelity/test_install_readme.py compares the resulting plan with the README.
     """
 
     versions: VersionRange = VersionRange()
@@ -317,6 +461,90 @@ class DepsOverlay(_Frozen):
         default_factory=list, description="source checkouts to pip install -e"
     )
     notes: list[str] = Field(default_factory=list)
+    steps: list[ModelAction] = Field(
+        default_factory=list, description="the README's install commands in its order (instead of the slots)"
+    )
+    mindspeed_branch: GitRef | None = Field(
+        default=None, description="the MindSpeed branch the README clones (`git clone -b <branch>`)"
+    )
+    mindspeed_install: Literal["pip", "copy"] = Field(
+        default="pip",
+        description="copy: the README copies MindSpeed's `mindspeed/` package into the MindSpeed-MM checkout "
+        "(`cp -r mindspeed ../MindSpeed-MM/`) instead of `pip install -e`",
+    )
+    megatron_ref: GitRef | None = Field(default=None, description="the Megatron-LM tag the README checks out")
+    omit: list[BaseStep] = Field(
+        default_factory=list, description="base steps the README does not do (it runs without them)"
+    )
+    mm_install_last: bool = Field(
+        default=False,
+        description="the README installs MindSpeed-MM (`pip install -e .`) after the model's steps",
+    )
+    readme_deviations: list[ReadmeDeviation] = Field(
+        default_factory=list, description="README commands the plan does not follow as written, and why"
+    )
+
+    def pins(self) -> list[str]:
+        """Every requirement this overlay leaves installed, including what its files and scripts are known to
+        hold; where a later step installs the same package again, its requirement is the one kept."""
+        out = list(self.pip)
+        for action in self.steps:
+            out += [*action.pip, *action.holds, *(action.script.installs if action.script else [])]
+        last = {canonicalize_name(Requirement(r).name): r for r in out}
+        return [r for r in out if last[canonicalize_name(Requirement(r).name)] == r]
+
+    def base_changes(self) -> list[str]:
+        """How the README's base install differs from the install guide's, in words (empty: it does not)."""
+        out: list[str] = []
+        branch = self.install_sh_option("--msbranch")
+        if self.mindspeed_commit:
+            out.append(f"MindSpeed at {self.mindspeed_commit[:8]}")
+        elif self.mindspeed_branch or isinstance(branch, str):
+            out.append(f"MindSpeed branch {self.mindspeed_branch or branch}")
+        if self.mindspeed_install == "copy":
+            out.append("MindSpeed's package copied into the checkout instead of pip-installed")
+        if self.megatron_ref:
+            out.append(f"Megatron-LM {self.megatron_ref}")
+        if (
+            self.install_sh is not None
+            and not self.install_sh_option("--megatron")
+            and "megatron" not in self.omit
+        ):
+            out.append("no Megatron (its install.sh line has no --megatron)")
+        if self.omit:
+            out.append("without " + ", ".join(self.omit))
+        if self.mm_install_last:
+            out.append("MindSpeed-MM installed after the model's own steps")
+        return out
+
+    @model_validator(mode="after")
+    def _steps_are_consistent(self) -> DepsOverlay:
+        if self.steps and (self.pip or self.requirements_file or self.scripts or self.git_sources):
+            raise ValueError(
+                "an overlay with `steps` lists every command there (no pip/requirements_file/...)"
+            )
+        known = {"mm"}
+        manual_ids: set[str] = set()
+        for action in self.steps:
+            unknown = [p for p in action.places() if p not in known]
+            if unknown:
+                raise ValueError(f"step {action.kind} refers to {unknown}: not mm nor an earlier clone")
+            if action.clone is not None:
+                if action.clone.name in known:
+                    raise ValueError(f"clone name {action.clone.name!r} is used twice")
+                known.add(action.clone.name)
+            if action.manual is not None:
+                if action.manual.id in manual_ids:
+                    raise ValueError(f"manual step id {action.manual.id!r} is used twice")
+                manual_ids.add(action.manual.id)
+        if self.mindspeed_branch and self.mindspeed_commit:
+            raise ValueError("mindspeed_branch and mindspeed_commit exclude each other")
+        branch = self.install_sh_option("--msbranch")
+        if isinstance(branch, str) and self.mindspeed_branch not in (None, branch):
+            raise ValueError(
+                f"install.sh --msbranch {branch} differs from mindspeed_branch {self.mindspeed_branch}"
+            )
+        return self
 
     @field_validator("install_sh")
     @classmethod
@@ -393,6 +621,13 @@ class ModelEntry(_Frozen):
             for size in task.sizes or []:
                 if size not in size_ids:
                     raise ValueError(f"task {task.id} names size {size!r}, not one of {size_ids}")
+        for size_spec in self.sizes:
+            for change in size_spec.changes:
+                if change.task is not None and self.task(change.task, change.backend) is None:
+                    raise ValueError(
+                        f"size {size_spec.id}: a change names task {change.task} ({change.backend or 'any backend'}), "
+                        f"not one of {keys}"
+                    )
         return self
 
     def task(self, task_id: str, backend: str | None = None) -> TaskSpec | None:
@@ -403,6 +638,13 @@ class ModelEntry(_Frozen):
 
     def size(self, size_id: str) -> SizeSpec | None:
         return next((s for s in self.sizes if s.id == size_id.lower()), None)
+
+    def for_task(self, task: TaskSpec) -> ModelEntry:
+        """This model as `task` sees it: the task's own converter in place of the model's, where it has one
+        (what its weights are converted with is what its training loads)."""
+        if task.converter is None:
+            return self
+        return self.model_copy(update={"converter": task.converter})
 
     def deps_for(self, version: str) -> DepsOverlay | None:
         return next((d for d in self.deps if d.versions.contains(version)), None)

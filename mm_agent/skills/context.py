@@ -124,10 +124,38 @@ def helpers(registry: Registry) -> dict[str, Callable[..., Any]]:
             (m for m in registry.models.values() if m.versions.contains(version)), key=lambda m: m.id
         )
 
+    def model_steps(model_id: str) -> list[dict[str, Any]]:
+        """The model's cited steps (registry/data/steps/) for each task at the newest version its steps
+        data covers: [{task, version, steps: [StepView]}] with the README's own paths (ckpt/hf_path/...)."""
+        from mm_agent.registry.steps import has_steps
+        from mm_agent.stepplan import pipeline_context, views  # (the skills build only)
+
+        entry = registry.models[model_id]
+        out: list[dict[str, Any]] = []
+        for task in entry.tasks:
+            known = [v for v in registry.versions.ids if v != "master" and has_steps(entry, v)]
+            version = next((v for v in reversed(known) if task.versions.contains(v)), None)
+            if version is None:
+                continue
+            size = next(s for s in entry.sizes if task.sizes is None or s.id in task.sizes)
+            label = (
+                task.id if sum(t.id == task.id for t in entry.tasks) == 1 else f"{task.id} ({task.backend})"
+            )
+            out.append(
+                {
+                    "task": label,
+                    "size": size.id,
+                    "version": version,
+                    "steps": views(pipeline_context(entry, task, size, version)),
+                }
+            )
+        return out
+
     return {
         "md_table": md_table,
         "models_by_family": models_by_family,
         "models_for_version": models_for_version,
+        "model_steps": model_steps,
         "words": words,
     }
 

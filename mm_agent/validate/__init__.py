@@ -27,6 +27,7 @@ from mm_agent.validate import (
     rules_estimate,
     rules_generative,
     rules_launcher,
+    rules_load,
     rules_lora,
     rules_mmparser,
     rules_multinode,
@@ -116,6 +117,7 @@ def validate_configs(
         rules_ranktable,
         rules_launcher,
         rules_lora,
+        rules_load,
         rules_estimate,
     ):
         try:

@@ -28,8 +28,10 @@ from mm_agent.dataset.limits import (
     OPENSORAPLAN,
     ClipLimits,
     Refusal,
+    extraction_split,
     frames_rule,
     limits_from_config,
+    name_collision,
     plan_clip,
     small_groups,
 )
@@ -88,6 +90,7 @@ class _Tally:
     missing: list[tuple[ConfigFile, int, list[str]]] = field(default_factory=list)
     refused: dict[str, list[tuple[ConfigFile, int, Refusal]]] = field(default_factory=dict)
     sizes: Counter[str] = field(default_factory=Counter)
+    accepted: list[tuple[str, str]] = field(default_factory=list)  # (sample size, path) of each kept clip
     files: list[ConfigFile] = field(default_factory=list)
     roots: list[Path] = field(default_factory=list)
 
@@ -146,6 +149,13 @@ def _video_config(job: Job, cfg: ConfigFile) -> None:
         _report_clips(job, tally)
         if lim.processor == OPENSORAPLAN and tally.scanned == tally.total and not tally.undecided:
             _report_groups(job, cfg, lim, tally, launch)
+            small = small_groups(tally.sizes, lim)
+            kept = [p for size, p in tally.accepted if size not in small]
+            _extraction(job, cfg, launch, kept, tally.files[0] if len(tally.files) == 1 else cfg)
+    elif launch is not None and launch.is_feature:
+        standard = _standard_paths(job, cfg)  # standard mode: CogVideoXProcessor keeps every record
+        if standard is not None:
+            _extraction(job, cfg, launch, standard[1], standard[0])
 
 
 def _frames(job: Job, cfg: ConfigFile, lim: ClipLimits) -> None:
@@ -168,8 +178,8 @@ def _frames(job: Job, cfg: ConfigFile, lim: ClipLimits) -> None:
 def _raw_lists(job: Job, cfg: ConfigFile) -> list[tuple[Path | None, ConfigFile]]:
     """(dataset root, json list) for each list the config reads: the lines of its data.txt, or its json."""
     path = _quiet(job, cfg.get(f"{_BP}.data_path"), cfg)
-    if path is None or not is_file(path):
-        return []
+    if path is None or not is_file(path) or path.suffix == ".jsonl":
+        return []  # (a .jsonl is a standard-mode record file: its keys are rules_data's, read line by line)
     if path.suffix != ".txt":
         found = job.load(path)
         return [(None, found)] if found is not None and found.kind == "raw_dataset" else []
@@ -242,7 +252,9 @@ def _judge(tally: _Tally, dataset: ConfigFile, index: int, record: Any, lim: Cli
     if isinstance(plan, Refusal):
         tally.refuse(dataset, index, plan)
     else:
-        tally.sizes[f"{plan.sample_num_frames if video else 1}x{plan.sample_height}x{plan.sample_width}"] += 1
+        size = f"{plan.sample_num_frames if video else 1}x{plan.sample_height}x{plan.sample_width}"
+        tally.sizes[size] += 1
+        tally.accepted.append((size, path))
 
 
 def _of(tally: _Tally) -> str:
@@ -318,6 +330,65 @@ def _report_groups(job: Job, cfg: ConfigFile, lim: ClipLimits, tally: _Tally, la
             field=at,
             line=line,
         )
+
+
+# ---- MindSpeed-MM's feature extraction over several ranks -----------------------------------------------------
+def _standard_paths(job: Job, cfg: ConfigFile) -> tuple[ConfigFile, list[str]] | None:
+    """(config, every record's `file`) of a standard-mode raw data config whose record file is here."""
+    ds = cfg.get("dataset_param")
+    basic = cfg.get(_BP)
+    if (
+        not isinstance(ds, dict)
+        or not isinstance(basic, dict)
+        or ds.get("dataset_type") not in ("t2v", "i2v")
+        or basic.get("data_storage_mode", "standard") != "standard"
+    ):
+        return None
+    path = _quiet(job, basic.get("data_path"), cfg)
+    if path is None or not is_file(path):
+        return None
+    if path.suffix != ".jsonl":
+        found = job.load(path)
+        records = found.data if found is not None and isinstance(found.data, list) else None
+    else:
+        try:
+            records = jsonl_head(path, job.root, SCAN)
+        except (MMAgentError, OSError):
+            return None
+    if records is None or len(records) >= SCAN:
+        return None  # (unreadable, or too long to count here)
+    return cfg, [r.get("file", "") if isinstance(r, dict) else "" for r in records]
+
+
+def _extraction(job: Job, cfg: ConfigFile, launch: Launch | None, paths: list[str], at: ConfigFile) -> None:
+    """What MindSpeed-MM's feature extraction does with these kept samples on this launch's data-parallel ranks
+    (`limits.extraction_split`, `limits.name_collision`): repeated samples written by two ranks at once, samples
+    left without features, clips whose file names write one feature file."""
+    if launch is None or not launch.is_feature or launch.is_bundled or not paths:
+        return
+    from mm_agent.validate.rules_parallel import sizes  # (a sibling rule module; no cycle at import time)
+
+    s = sizes(launch)
+    parallel = (s.tp or 1) * (s.pp or 1) * (s.cp or 1)
+    line = at.line("[0]") if at is not cfg else cfg.line(f"{_BP}.data_path")
+    if s.world and s.mbs and not s.world % parallel:
+        loader = cfg.get("dataloader_param")
+        split = extraction_split(
+            len(paths), s.world // parallel, s.mbs, loader if isinstance(loader, dict) else {}
+        )
+        if split is not None:
+            script = launch.where(None, "NPUS_PER_NODE")[0]
+            job.sink.add(
+                "warning" if split.code == "duplicate_writes" else "error",
+                f"extract.{split.code}",
+                str(at.path),
+                split.reason,
+                f"{split.fix} (NPUS_PER_NODE in {script})",
+                line=line,
+            )
+    clash = name_collision(paths)
+    if clash is not None:
+        job.sink.warning("extract.name_collision", str(at.path), clash.reason, clash.fix, line=line)
 
 
 # ---- MLLM ----------------------------------------------------------------------------------------------------

@@ -17,7 +17,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from mm_agent.registry import DATA_DIR, load_data
-from mm_agent.validate.job import Job, Launch, to_int
+from mm_agent.validate.job import Job, Launch, is_dir, is_file, to_int
+from mm_agent.validate.refs import locate
+
+TRACKER = "latest_checkpointed_iteration.txt"
 
 LORA_MODULES_FILE = DATA_DIR / "lora_modules.yaml"
 
@@ -212,6 +215,8 @@ def _check_base(job: Job, launch: Launch) -> None:
             line=line,
         )
         return
+    if base and load and not launch.is_bundled:
+        _check_first_run(job, launch, load, save, base)
     # with --load-base-model the base comes from there and --load resumes the adapter (it may be --save)
     flag, value = ("--load-base-model", base) if base else ("--load", load)
     if value and save and _same(value, save):
@@ -227,6 +232,37 @@ def _check_base(job: Job, launch: Launch) -> None:
             field=field or "--save",
             line=line,
         )
+
+
+def _check_first_run(job: Job, launch: Launch, load: str, save: str | None, base: str) -> None:
+    """`--load-base-model` continues an adapter: MindSpeed-MM reads it only after Megatron found a checkpoint in
+    `--load` (lora_patch.py `_load_base_checkpoint_wrapper`, 26.0.0:207-219: `state_dict is not None`). Over a
+    folder without a tracker Megatron's `_load_base_checkpoint` returns nothing and the run 'will start from
+    random' (core_v0.12.1 checkpointing.py:924-935): the base is never loaded, the adapter trains on a random
+    model and nothing fails. The stock first run passes the base as `--load` (examples/qwen2.5vl/README.md
+    LoRA微调; docs/zh/features/lora_finetune.md: --load-base-model is for 续训)."""
+    found = locate(job, launch, load)
+    if found.why or found.path is None:
+        return
+    if is_file(found.path / TRACKER):
+        return  # an adapter checkpoint to continue
+    here = is_dir(found.path) or (save is not None and _same(load, save))
+    file, _, line = launch.where("--load")
+    say = job.sink.error if here else job.sink.warning
+    say(
+        "lora.first_run_random",
+        file,
+        f"--load-base-model {base} with --load {load}, which holds no checkpoint ({TRACKER} "
+        + ("missing" if here else "not found on this machine")
+        + "): Megatron finds nothing to load and starts from random, and MindSpeed-MM reads --load-base-model "
+        "only after --load found a checkpoint, so the base is never loaded and the adapter trains on a random "
+        "model without an error",
+        'for a first run pass the converted base as `--load "$LOAD_PATH"` and drop --load-base-model (the '
+        "stock LoRA run); keep `--load-base-model` only to continue an adapter whose --load folder holds a "
+        "checkpoint",
+        field="--load",
+        line=line,
+    )
 
 
 def _check_switches(job: Job, launch: Launch) -> None:

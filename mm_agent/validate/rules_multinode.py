@@ -6,15 +6,18 @@
 connect to itself and wait at the rendezvous until it times out. Values the script takes from the
 environment or a command at run time (a hostfile) are not judged; a script that uses MASTER_ADDR without
 ever setting it is "unset". A job rendered with a cluster launcher (job.yaml `launcher`) is not judged
-here: the launcher sets MASTER_ADDR on every node (the first host, or the cluster's own variable).
+here: the launcher sets MASTER_ADDR on every node (the first host, or the cluster's own variable). A wrapper
+that runs another launch script (mm-agent's `custom` jobs run the stock launcher) is judged on the layout it
+sets for that script.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import shlex
+from pathlib import Path
 
-from mm_agent.validate.job import Job, Launch, to_int
+from mm_agent.validate.job import Job, Launch, ScriptFile, to_int
 
 RULE = "multinode.master_addr"
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
@@ -57,6 +60,32 @@ def check(job: Job) -> None:
         return  # the source of the scripts' value is reported; the scripts repeat it
     for launch in job.launches:
         _launch(job, launch)
+    launching = {launch.script.path for launch in job.launches}
+    for script in job.scripts.values():
+        handed = [Path(p) for p, _ in script.info.delegates if p is not None]
+        if script.path not in launching and handed and not any(p in launching for p in handed):
+            _wrapper(job, script)  # (a delegate read here is judged at its own launch)
+
+
+def _wrapper(job: Job, script: ScriptFile) -> None:
+    """A wrapper that hands its layout to another script (a stock launcher that is not here to read): its own
+    NNODES and MASTER_ADDR are what that launcher's rendezvous gets."""
+    env = script.info.env
+    nnodes = to_int(env.get("NNODES"))
+    if nnodes is None or nnodes <= 1 or "MASTER_ADDR" not in env or env["MASTER_ADDR"] is None:
+        return  # one node, or an address only known at run time
+    why = unreachable(env["MASTER_ADDR"])
+    if why is None:
+        return
+    job.sink.error(
+        RULE,
+        str(script.path),
+        f"this script hands {nnodes} nodes to the launcher it runs, but its master address {why}: the other "
+        "nodes cannot reach the master",
+        fix_text(str(script.path.parent)),
+        field="MASTER_ADDR",
+        line=script.info.var_lines.get("MASTER_ADDR"),
+    )
 
 
 def _job_yaml(job: Job) -> bool:

@@ -224,6 +224,19 @@ def _check_records(
                 )
             elif tokens != _media(rec, media_key) and (tokens or isinstance(media_key, str)):
                 token_bad.append((i, f"{tokens} {token} token(s) but {_media(rec, media_key)} {key}"))
+    dicts = [r for r in records if isinstance(r, dict)]
+    for key in ("audios",):  # (Qwen2.5-Omni's attr names audios; a dataset without them fails at load)
+        column = attr.get(key)
+        if dicts and isinstance(column, str) and key not in problems and not any(column in r for r in dicts):
+            # SharegptDatasetConverter reads example[attr.audios] of every record (convert.py:217 at 26.0.0); the
+            # `datasets` JSON loader gives a record None for a key only other records hold, none for a key no
+            # record holds
+            note(
+                key,
+                f"attr.{key} names {column!r}, which none of the first {len(dicts)} records of {shown} holds: "
+                f"MindSpeed-MM reads it from every record and stops with KeyError: {column!r}",
+                f"add {column!r} to the records (an empty list for none), or set attr.{key} to null",
+            )
     for key, (count, first, fix) in problems.items():
         field = f"{at}.attr.{key}"
         job.sink.error(

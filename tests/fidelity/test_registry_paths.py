@@ -194,16 +194,21 @@ def claims_of(entry: ModelEntry) -> list[Claim]:
         files = ([deps.requirements_file] if deps.requirements_file else []) + list(deps.scripts)
         if files:
             out.append(Claim(f"{entry.id}: deps[{i}] files", files, deps.versions, [m], tight=False))
-    if entry.converter is not None:
-        conv, name = entry.converter, entry.converter.class_name
+    # the model's converter, and a task's own (Qwen3-VL's fsdp2-native GenericDCPConverter), within that task
+    owners = [(entry.converter, f"{entry.id}: converter", [m])]
+    owners += [
+        (t.converter, f"{entry.id}: {t.id}/{t.backend} converter", [m, t.versions]) for t in entry.tasks
+    ]
+    for conv, label, within in owners:
+        if conv is None:
+            continue
+        name = conv.class_name
         always = tuple(x for x in conv.methods if x not in conv.method_versions)
         cli = conv.cli_registered
-        out.append(
-            Claim(f"{entry.id}: converter {name}", [], conv.versions, [m], converter=(name, always, cli))
-        )
+        out.append(Claim(f"{label} {name}", [], conv.versions, within, converter=(name, always, cli)))
         for method, rng in conv.method_versions.items():
-            where = f"{entry.id}: converter {name}.method_versions[{method}]"
-            out.append(Claim(where, [], rng, [m, conv.versions], converter=(name, (method,), cli)))
+            where = f"{label} {name}.method_versions[{method}]"
+            out.append(Claim(where, [], rng, [*within, conv.versions], converter=(name, (method,), cli)))
     return out
 
 

@@ -270,7 +270,7 @@ def test_defaults_match_stock(
     assert not left, (
         f"{model} {task} {backend} {size} @ {version}: {len(left)} undeclared difference(s) from the stock "
         "example (fix the template/registry, or declare it in mm_agent/registry/data/deviations/"
-        f"{model}.yaml with its reason):\n" + "\n".join(f"  {d}" for d in left)
+        f"{model}.yaml with its reason and upstream evidence):\n" + "\n".join(f"  {d}" for d in left)
     )
 
 

@@ -257,7 +257,10 @@ def launches(tree: Path, path: str, text: str, yaml_text: dict[str, str] | None 
             positionals = []
         # a flag given twice with one value (`--ckpt-format torch_dcp` in GPT_ARGS and OUTPUT_ARGS) is that value
         flags = {k: v[:1] if len(v) > 1 and len(set(v)) == 1 else v for k, v in flags.items()}
-        launcher_flags = dict(cmd.launcher_flags)
+        # the same for the launcher (26.0.0's finetune_qwen3_5_27B.sh passes `--node_rank $NODE_RANK` twice)
+        launcher_flags = {
+            k: v[:1] if len(v) > 1 and len(set(v)) == 1 else v for k, v in cmd.launcher_flags.items()
+        }
         config = (launcher_flags.get("--config_file") or [None])[0] if cmd.launcher == "accelerate" else None
         if config:
             # accelerate reads the layout from its config file unless the command line overrides it
@@ -376,7 +379,7 @@ def compare_case(trees: MMTrees, model: str, task: str, backend: str, size: str,
     res.stock_script = stock.relative_to(tree).as_posix()
     size_spec = entry.size(size)
     assert size_spec is not None
-    nnodes = size_spec.parallel.nnodes
+    nnodes = size_spec.parallel_at(version, task, backend).nnodes  # this version's stock layout
     stock_text = pin_hostfile_layout(stock.read_text(encoding="utf-8"), nnodes)
     if spec.template == "custom":
         # launch.sh runs the stock launcher: only the variables it exports and the stock one leaves alone count.
@@ -476,7 +479,7 @@ def test_rendered_defaults_equal_stock(
     assert not left, (
         f"{model} {task} ({backend}) {size} at MindSpeed-MM {version} differs from the stock "
         f"{res.stock_script} without a declared reason (add the value to the template/registry, or a "
-        f"deviation with its reason to mm_agent/registry/data/deviations/{model}.yaml):\n"
+        f"deviation with its reason and upstream evidence to mm_agent/registry/data/deviations/{model}.yaml):\n"
         + "\n".join(f"  {d}" for d in left)
     )
 
