@@ -166,14 +166,21 @@ class NativeKeys(_Frozen):
 
 
 def _ties(hf_dir: Path, root: Path | None) -> bool:
-    """Whether config.json ties the output head to the input embedding (top level, or its text_config)."""
+    """Whether config.json ties the output head to the input embedding (top level, its text_config, or an omni
+    model's thinker_config.text_config)."""
     try:
         config = json.loads(read_file(hf_dir / "config.json", root, "config.json", limit=4_000_000))
     except (MMAgentError, ValueError):
         return False
-    text = config.get("text_config") if isinstance(config, dict) else None
-    return bool(isinstance(config, dict) and (config.get("tie_word_embeddings")
-                or (isinstance(text, dict) and text.get("tie_word_embeddings"))))  # fmt: skip
+    if not isinstance(config, dict):
+        return False
+    thinker = config.get("thinker_config")
+    texts = [
+        config,
+        config.get("text_config"),
+        thinker.get("text_config") if isinstance(thinker, dict) else None,
+    ]
+    return any(isinstance(t, dict) and t.get("tie_word_embeddings") for t in texts)
 
 
 class Depth(_Frozen):
@@ -399,6 +406,31 @@ def meta_init_check(config: dict[str, Any]) -> Issue | None:
         "convert the Hugging Face weights to DCP and set training.load to that folder (the model's README), or "
         "set training.init_model_with_meta_device: false to load model.model_name_or_path directly",
         field="training.load",
+    )
+
+
+# load_checkpoint's own test of the path it is given (mindspeed_mm/models/common/checkpoint.py:36-41 at 26.0.0)
+_CHECKPOINT_SUFFIXES = ("pt", "pth", ".safetensors")
+
+
+def pretrained_file_check(model_config: dict[str, Any]) -> Issue | None:
+    """A predictor that loads its converted weights itself (`predictor.from_pretrained`, VACE: its stock script passes
+    no --load) from a path load_checkpoint refuses: it takes one .pt/.pth/.safetensors file and raises for anything
+    else (FileNotFoundError for a folder), so the job stops while building its model."""
+    value = dotted(model_config, "predictor.from_pretrained")
+    if not isinstance(value, str) or not value or value.endswith(_CHECKPOINT_SUFFIXES):
+        return None
+    rank_file = value.rstrip("/") + "/release/mp_rank_00/model_optim_rng.pt"
+    return Issue(
+        "error",
+        "load.pretrained_not_a_file",
+        f"predictor.from_pretrained {value!r} is not a checkpoint file: PredictModel loads it with load_checkpoint, "
+        "which takes one .pt/.pth/.safetensors file and raises for a folder (FileNotFoundError) before training "
+        "starts (mindspeed_mm/models/common/checkpoint.py:32-41, models/predictor/predict_model.py:52-56 at "
+        "26.0.0 and 26.1.0; the stock VACE configs' folder value fails the same way)",
+        f"point it at the rank file the conversion wrote, e.g. {rank_file} (VACEConverter hf_to_mm at TP 1, PP 1; "
+        "an iter_XXXXXXX folder when the tracker names one)",
+        field="predictor.from_pretrained",
     )
 
 

@@ -407,6 +407,7 @@ def _load_check(job: ResolvedJob, files: dict[str, str], root: Path | None) -> l
         kind = classify(data, Path(rel).name)
         if kind == "sora_model" and rel != "inference_model.json":
             issues.append(loadcheck.depth_check(data))
+            issues.append(loadcheck.pretrained_file_check(data))
             if load is not None:
                 issues.append(loadcheck.predictor_check(data, load, root))
         elif kind == "fsdp2_trainer_yaml":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_validate_support import new_findings, run
+from test_validate_support import edit_json, new_findings, run
 
 from mm_agent.ckptkeys import CheckpointUnreadable, dcp_tensors, rank_file_tensors
 from mm_agent.errors import MMAgentError
@@ -213,6 +213,28 @@ def test_stepvideo_stock_depth_is_said(tmp_path: Path) -> None:
     model["predictor"]["num_layers"] = 48
     (job / "pretrain_model.json").write_text(json.dumps(model), encoding="utf-8")
     assert [f for f in run(job).findings if f.rule == "load.partial_depth"] == []
+
+
+# ------------------------------------------------------------------------------------------ VACE from_pretrained
+def test_vace_predictor_names_the_converted_rank_file(tmp_path: Path) -> None:
+    """VACE loads its converted weights through predictor.from_pretrained, with MindSpeed-MM's load_checkpoint,
+    which takes one .pt/.pth/.safetensors file and raises for a folder: the job names the rank file the
+    conversion writes; a folder there (the stock config's value) is an error (upstream run:
+    tests/fidelity/test_load_keys.py::test_vace_from_a_folder_stops_the_model_build)."""
+    job = _render(tmp_path, "vace", model="vace", task="v2v", size="1.3b", mm_version="26.1.0")
+    model_json = job / "pretrain_model.json"
+    pretrained = json.loads(model_json.read_text(encoding="utf-8"))["predictor"]["from_pretrained"]
+    assert pretrained.endswith("/transformer/release/mp_rank_00/model_optim_rng.pt"), pretrained
+    folder = pretrained.removesuffix("/release/mp_rank_00/model_optim_rng.pt")
+
+    def to_folder() -> None:
+        edit_json(model_json, lambda d: d["predictor"].update(from_pretrained=folder + "/"))
+
+    found = new_findings(job, to_folder)
+    assert [(f.severity, f.rule, f.field) for f in found] == [
+        ("error", "load.pretrained_not_a_file", "predictor.from_pretrained")
+    ]
+    assert f"{folder}/release/mp_rank_00/model_optim_rng.pt" in (found[0].fix or "")
 
 
 def test_a_fifo_in_place_of_a_rank_file_is_not_waited_on(tmp_path: Path, wan_t2v: Path) -> None:

@@ -6,7 +6,8 @@ For each training launch, `mm_agent.loadcheck` counts the names the job's model 
 load, compared with the Hugging Face checkpoint at `model.model_name_or_path`). Fewer than all is an error,
 "N of M parameters would load; the rest start random". An FSDP2-native job that builds its model on the meta
 device and loads nothing trains a random model (a warning: some stock examples do it on purpose); a StepVideo
-predictor shallower than the released checkpoint is said (warning). Checkpoints that are not on this machine are not
+predictor shallower than the released checkpoint is said (warning); a predictor whose `from_pretrained` is not one
+checkpoint file (VACE's stock folder value) stops the job while it builds its model (error). Checkpoints that are not on this machine are not
 counted.
 """
 
@@ -14,7 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mm_agent.loadcheck import Issue, depth_check, meta_init_check, native_check, predictor_check
+from mm_agent.loadcheck import (
+    Issue,
+    depth_check,
+    meta_init_check,
+    native_check,
+    predictor_check,
+    pretrained_file_check,
+)
 from mm_agent.validate.files import ConfigFile
 from mm_agent.validate.job import Job, Launch, is_dir
 from mm_agent.validate.refs import locate
@@ -42,6 +50,7 @@ def _report(job: Job, issue: Issue | None, file: str, line: int | None) -> None:
 def _megatron(job: Job, launch: Launch, model: ConfigFile) -> None:
     assert isinstance(model.data, dict)
     _report(job, depth_check(model.data), str(model.path), model.line("predictor.num_layers"))
+    _report(job, pretrained_file_check(model.data), str(model.path), model.line("predictor.from_pretrained"))
     raw = launch.value("--load")
     if not raw:
         return

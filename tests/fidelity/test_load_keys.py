@@ -2,10 +2,12 @@
 
 Each case of `load_fidelity.py` renders a job over a tiny Hugging Face checkpoint, runs the conversion render
 lists with MindSpeed-MM's converter CLI and builds the job's model on the meta device with MindSpeed-MM's code,
-at 26.0.0 and 26.1.0 (one child process per case and version, two at a time: about a minute on 2 cores).
+at 26.0.0 and 26.1.0 (one child process per case and version, two at a time: about 1.5 minutes on 2 cores).
 Every rendered conversion must fill every parameter its model requests; the Qwen3-VL fsdp2-native job's
-former conversion (Qwen3VLConverter) fills none, which mm-agent's static checks (`mm_agent/loadcheck.py`, used by
-validate_configs and render_job) must say; their key lists (`registry/data/load_keys.yaml`) must be the
+former conversion (Qwen3VLConverter) fills none and the Qwen3-ASR job's former one (no --tie_weight_mapping) all but
+the output head, which mm-agent's static checks (`mm_agent/loadcheck.py`, used by validate_configs and render_job)
+must say; the VACE config's former predictor.from_pretrained (a folder) stops MindSpeed-MM's model build, which
+validate_configs must say; their key lists (`registry/data/load_keys.yaml`) must be the
 models' own; and `mm_agent.ckptkeys`, which reads checkpoints without torch, must read what torch reads.
 """
 
@@ -30,12 +32,14 @@ from mm_agent.validate import ValidateRequest, validate_configs
 KEYS = [(c.id, v) for c in lf.CASES for v in lf.versions_of(c)]
 STATIC = [(c.id, v) for c in lf.CASES if c.static for v in lf.versions_of(c)]
 WRONG = [(lf.WRONG_QWEN3VL.id, v) for v in lf.versions_of(lf.WRONG_QWEN3VL)]
+UNTIED = [(lf.WRONG_QWEN3_ASR.id, v) for v in lf.versions_of(lf.WRONG_QWEN3_ASR)]
+VACE = next(c for c in lf.CASES if c.model == "vace")
 
 
 @pytest.fixture(scope="module")
 def outcomes(upstream: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], lf.Outcome]:
     base = tmp_path_factory.mktemp("load")
-    found = lf.run_all(upstream, base, (*lf.CASES, lf.WRONG_QWEN3VL))
+    found = lf.run_all(upstream, base, (*lf.CASES, lf.WRONG_QWEN3VL, lf.WRONG_QWEN3_ASR))
     return {(o.case.id, o.version): o for o in found}
 
 
@@ -75,6 +79,49 @@ def test_qwen3vl_native_from_the_megatron_converter_loads_nothing(
         line.startswith(f"error: {outcome.prep.load_dir}: 0 of {outcome.total}")
         for line in rendered.load_check
     )
+
+
+@pytest.mark.parametrize(("case", "version"), UNTIED)
+def test_qwen3_asr_without_the_tie_mapping_leaves_the_head_random(
+    outcomes: dict[tuple[str, str], lf.Outcome], case: str, version: str
+) -> None:
+    """What the Qwen3-ASR job rendered before: GenericDCPConverter without the README's --tie_weight_mapping. The
+    checkpoint stores the tied embedding once, the trained model asks for its head too, and the non-strict DCP load
+    leaves it random; mm-agent's checks say so."""
+    outcome = outcomes[(case, version)]
+    assert outcome.error is None, outcome.error
+    assert outcome.missing() == ["model.thinker.lm_head.weight"], outcome.cell().text
+    issue = loadcheck.native_check(
+        _yaml(outcome.prep.job_dir / "config.yaml"), outcome.prep.load_dir, outcome.prep.weights_dir, version
+    )
+    assert issue is not None and issue.rule == "load.partial", issue
+    assert (issue.loaded, issue.total) == (outcome.total - 1, outcome.total), issue.message
+    assert "thinker.lm_head.weight" in issue.message
+
+
+def test_vace_from_a_folder_stops_the_model_build(
+    upstream: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The stock VACE config (and mm-agent's before issue 26) names the converted folder as predictor.from_pretrained;
+    MindSpeed-MM's PredictModel refuses it while it builds the model, and validate_configs says so. The rendered
+    job names the rank file instead (test_rendered_conversion_fills_the_model)."""
+    version = lf.versions_of(VACE)[0]
+    prep = lf.prepare(VACE, version, upstream, tmp_path_factory.mktemp("vace"))
+    folder = str(prep.load_dir)
+    rendered = validate_configs(ValidateRequest(paths=[str(prep.job_dir)]))
+    assert not [f for f in rendered.findings if f.rule == "load.pretrained_not_a_file"]
+    for model_json in (prep.work / "model_tiny.json", prep.job_dir / "pretrain_model.json"):
+        data = json.loads(model_json.read_text(encoding="utf-8"))
+        assert data["predictor"]["from_pretrained"] == folder + "/release/mp_rank_00/model_optim_rng.pt"
+        data["predictor"]["from_pretrained"] = folder
+        model_json.write_text(json.dumps(data), encoding="utf-8")
+    outcome = lf.execute(prep)
+    assert outcome.error is not None and f"Could not find checkpoint at {folder}" in outcome.error, (
+        outcome.error
+    )
+    report = validate_configs(ValidateRequest(paths=[str(prep.job_dir)]))
+    found = [f for f in report.findings if f.rule == "load.pretrained_not_a_file"]
+    assert [f.severity for f in found] == ["error"], [(f.rule, f.message) for f in report.findings]
 
 
 @pytest.mark.parametrize(("case", "version"), STATIC)
@@ -119,7 +166,7 @@ def test_key_lists_are_the_models_own(
     assert sorted(names or []) == sorted(outcome.model)
 
 
-@pytest.mark.parametrize(("case", "version"), [*KEYS, *WRONG])
+@pytest.mark.parametrize(("case", "version"), [*KEYS, *WRONG, *UNTIED])
 def test_checkpoints_read_without_torch(
     outcomes: dict[tuple[str, str], lf.Outcome], case: str, version: str
 ) -> None:

@@ -4,7 +4,8 @@ Usage: `python upstream_load.py SPEC_JSON`; SPEC holds the trees (`mm`, `mindspe
 written at the end) and up to three phases, run in this order in this one process:
 
 1. `make` (FSDP2-native models only): the tiny Hugging Face checkpoint, saved from MindSpeed-MM's own model class
-   (`model_register.get(model_id)._from_config(config)`, real tensors) with `save_pretrained`: the native
+   (`model_register.get(model_id)._from_config(config)`, real tensors; a tied head stored once) as
+   `save_pretrained` writes it: the native
    classes are transformers' modeling files as MindSpeed-MM pins them (Qwen3-VL-MoE: 4.57, experts
    `[E, I, H]`), so their parameters are the released checkpoint's names and shapes; the transformers installed
    here (5.x) stores the MoE experts in another layout and cannot stand in.
@@ -20,7 +21,9 @@ written at the end) and up to three phases, run in this order in this one proces
      `--mm-*` JSON configs merged into `args.mm`), then the entry script's own `model_provider` (its
      functions compiled from the script's source and run; its imports run one by one and the training
      machinery the model does not use may fail to import: listed in `skipped`), called under
-     `torch.device("meta")`; its `state_dict()` (None entries, Megatron's `_extra_state`, dropped);
+     `torch.device("meta")`; its `state_dict()` (None entries, Megatron's `_extra_state`, dropped). A
+     pretrain_transformers.py launch is its YAML, whose gpt_args MindSpeed-MM's read_yaml_config.py turns into
+     the argv first; its torch_dcp load asks for the state dict under `model.` (spec `prefix`);
    - `kind: fsdp`: the rendered YAML read by the checkout's FSDP2 reader (`parse_args(Arguments)` at 26.0.0,
      `ConfigManager` at 26.1.0), its `training.plugin` packages imported (`import_plugin`), then
      `ModelHub.build(args.model, args.training)` as the trainer calls it (meta device with the stock
@@ -37,9 +40,16 @@ import for constants only); transformers' Qwen2-VL image processor (needs torchv
 module a MindSpeed-MM, MindSpeed or Megatron file imports that this environment lacks (`stubbed` in the output;
 `beartype.typing` is `typing`). torch's `privateuse1` backend is named `npu` (as torch_npu names it: modules
 default devices to `torch.device("npu")`), `Tensor.npu()` returns the tensor, and transformers 5 gets back the
-`default` RoPE initialiser and two names it dropped (`OutputRecorder`, `check_model_inputs`) that the native
-Qwen3-VL file imports at 26.x; Qwen2-VL's and Qwen2.5-VL's configs read their LLM fields as transformers 4.57 did
-(`_transformers_4_configs`, as upstream_convert.py). Megatron's optional TE / Apex imports stay absent.
+`default` RoPE initialiser and two names it dropped (`OutputRecorder`, `check_model_inputs`, the latter in the
+form that takes both decorator uses, as pretrain_transformers.py installs it) that the native Qwen3-VL file imports
+at 26.x; Qwen2-VL's, Qwen2.5-VL's and GLM-4.1V's configs read their LLM fields as transformers 4.57 did
+(`_transformers_4_configs`, as upstream_convert.py). Where MindSpeed-MM's model files were written for transformers
+4.57 and run here under 5 (`_transformers_5`): Qwen2VLRotaryEmbedding gets `rope_parameters` / `rope_init_fn` from
+4.57's fields (GLM-4.1V's LLM rotary embedding), 5's in-__init__ config validators skip a config not built yet,
+4.57's `pad_token_id` & co. default to None, a plugin's own config class is registered over a transformers model
+type of the same name (`_plugin_configs`: 4.57 has no Qwen3-ASR) and a 4.57-style class is tied as 4.57 ties it
+(`_tie_as_4_57`). FSDP2 model files ask `is_npu_available()` for their parameter layout and are answered as on the
+NPU the job runs on (`_on_npu`). Megatron's optional TE / Apex imports stay absent.
 
 Writes {"made", "converted", "convert_error", "model", "model_error", "stubbed", "skipped", "shared"}: name -> shape
 maps, and (FSDP2-native) the model's parameters that are another one's tensor at load time (name -> that name).
@@ -203,8 +213,9 @@ def _transformers_5() -> None:
 
     if not hasattr(generic, "OutputRecorder"):
         vars(generic)["OutputRecorder"] = lambda *args, **kwargs: None
-    if not hasattr(generic, "check_model_inputs"):
-        vars(generic)["check_model_inputs"] = lambda *a, **k: a[0] if a and callable(a[0]) else (lambda f: f)
+    # 4.57's decorator is used bare and called (`@check_model_inputs()`, Qwen3-ASR at 26.1.0); 5's takes the
+    # function only: one that takes both, as pretrain_transformers.py installs under transformers 5 (its :13-31)
+    vars(generic)["check_model_inputs"] = lambda *a, **k: a[0] if a and callable(a[0]) else (lambda f: f)
 
     def default_rope(config: Any, device: Any = None, *args: Any, **kwargs: Any) -> tuple[Any, float]:
         head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -216,31 +227,155 @@ def _transformers_5() -> None:
 
     ROPE_INIT_FUNCTIONS.setdefault("default", default_rope)
 
+    # transformers 5 validates a config inside PreTrainedConfig.__init__ (`@strict` class validators), which a
+    # 4.57-style subclass calls before it sets its sub-configs (Qwen3-ASR's get_text_config reads thinker_config):
+    # 4.57 validated nothing there, and these validators only check values (token ids in the vocabulary, head
+    # sizes), so one that finds the config not built yet is skipped
+    from transformers.configuration_utils import PreTrainedConfig
+
+    validators = getattr(PreTrainedConfig, "__class_validators__", None)
+    if validators and not getattr(PreTrainedConfig, "_mm_agent_tolerant", False):
+
+        def tolerant(check: Any) -> Any:
+            def run(self: Any) -> None:
+                with contextlib.suppress(AttributeError):
+                    check(self)
+
+            run.__name__ = check.__name__
+            return run
+
+        PreTrainedConfig.__class_validators__ = [tolerant(v) for v in validators]  # type: ignore[attr-defined]
+        PreTrainedConfig._mm_agent_tolerant = True  # type: ignore[attr-defined]
+    # and 4.57's PretrainedConfig gave every config these token ids (None unless set), which 4.57-style model files
+    # read (Qwen3-ASR's `config.pad_token_id`); 5 keeps them on the text configs that declare them
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id"):
+        if not hasattr(PreTrainedConfig, name):
+            setattr(PreTrainedConfig, name, None)
+
+    # MindSpeed-MM's GLM-4.1V LLM rotary embedding subclasses transformers' Qwen2VLRotaryEmbedding, which reads
+    # `rope_scaling` / `rope_theta` at 4.57 and `rope_parameters` at 5, and calls 4.57's `self.rope_init_fn`: a
+    # config that has only the former gets the latter from them, and the instance its initialiser (buffers only,
+    # no parameter)
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    rotary = modeling_qwen2_vl.Qwen2VLRotaryEmbedding
+    if not getattr(rotary, "_mm_agent_rope_parameters", False):
+        init = rotary.__init__
+
+        def rotary_init(self: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+            if getattr(config, "rope_parameters", None) is None:
+                scaling = dict(getattr(config, "rope_scaling", None) or {})
+                kind = scaling.get("rope_type", scaling.get("type", "default"))
+                config.rope_parameters = {
+                    **scaling, "rope_type": "default" if kind == "mrope" else kind,
+                    "rope_theta": getattr(config, "rope_theta", 10000.0),
+                    "partial_rotary_factor": getattr(config, "partial_rotary_factor", 1.0),
+                }  # fmt: skip
+                if getattr(config, "mrope_section", None) is not None:
+                    config.rope_parameters.setdefault("mrope_section", config.mrope_section)
+            init(self, config, *args, **kwargs)
+            if "rope_init_fn" not in vars(self):
+                kind = config.rope_parameters["rope_type"]
+                self.rope_init_fn = (
+                    rotary.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
+                )
+
+        rotary.__init__ = rotary_init  # type: ignore[method-assign]
+        rotary._mm_agent_rope_parameters = True  # type: ignore[attr-defined]
+
 
 # ------------------------------------------------------------------------------------------------ phases
+def _on_npu() -> None:
+    """The job runs on an NPU, and MindSpeed-MM's FSDP2 model files choose their parameter layout by asking
+    `is_npu_available()` (Qwen3-Omni's grouped experts: `use_grouped_expert_matmul and is_npu_available()`,
+    fsdp/models/qwen3omni/modeling_qwen3_omni_moe.py:1675 at 26.1.0): it answers as on the NPU, before any model
+    file imports it. The NPU kernels themselves never run (the model is built on the meta device)."""
+    import mindspeed_mm.fsdp.utils.utils as fsdp_utils
+
+    vars(fsdp_utils)["is_npu_available"] = lambda: True
+
+
 def _native_class(model_id: str, plugin: str) -> Any:
     from mindspeed_mm.fsdp.utils.register import import_plugin, model_register
 
+    _on_npu()
+
     with contextlib.redirect_stdout(io.StringIO()):
         import_plugin([plugin])
+    _plugin_configs([plugin])
     return model_register.get(model_id)
+
+
+def _plugin_configs(plugins: list[str]) -> None:
+    """A plugin registers its own config class for its model type (`AutoConfig.register`, qwen3_asr/__init__.py at
+    26.1.0). MindSpeed-MM pins transformers 4.57.0 (pyproject.toml:23 at 26.1.0), which has no such model; a newer
+    transformers that ships one under the same name refuses the registration (the plugin catches the ValueError) and
+    would read the checkpoint's config.json into its own, differently laid out class. The plugin's class is
+    registered over it, as it holds under the pinned version."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    roots = tuple(os.path.join(MM, p) for p in plugins)
+    for name, module in list(sys.modules.items()):
+        if not (getattr(module, "__file__", None) or "").startswith(roots):
+            continue
+        for value in list(vars(module).values()):
+            if not (
+                isinstance(value, type) and issubclass(value, PretrainedConfig) and value.__module__ == name
+            ):
+                continue
+            model_type = getattr(value, "model_type", "")
+            if model_type in CONFIG_MAPPING_NAMES:
+                AutoConfig.register(model_type, value, exist_ok=True)
+
+
+def _tie_as_4_57(model: Any) -> None:
+    """transformers 4.57 ties a model's output head to its input embedding in post_init (`tie_weights`) when its text
+    config says tie_word_embeddings, for every model part built with its own post_init; a 4.57-style class (its
+    `_tied_weights_keys` a list, as in MindSpeed-MM's Qwen3-ASR at 26.1.0) is not tied by transformers 5, whose
+    tying reads a mapping. Such parts are tied here as 4.57 ties them (same Parameter, as `_tie_or_clone_weights`)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if not isinstance(module, PreTrainedModel) or not isinstance(
+            vars(type(module)).get("_tied_weights_keys"), list
+        ):
+            continue
+        config = module.config
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        if not getattr(text, "tie_word_embeddings", True):
+            continue
+        try:
+            out, inp = module.get_output_embeddings(), module.get_input_embeddings()
+        except NotImplementedError:
+            continue
+        if out is not None and inp is not None:
+            out.weight = inp.weight
 
 
 def make(spec: dict[str, Any]) -> None:
     import torch
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(spec["model_type"], **spec["config"])
     cls = _native_class(spec["model_id"], spec["plugin"])
+    config = AutoConfig.for_model(spec["model_type"], **spec["config"])
     torch.manual_seed(0)
     model = cls._from_config(config)
+    _tie_as_4_57(model)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p))
-    # what save_pretrained writes (transformers 5's save_pretrained does not take 4.57's list of tied keys)
+    # what save_pretrained writes (transformers 5's save_pretrained does not take 4.57's list of tied keys): a
+    # parameter that is another one's tensor (a tied output head) is stored once, under the first name
     from safetensors.torch import save_file
 
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    seen: set[int] = set()
+    tied: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k not in tied}
     Path(spec["out"]).mkdir(parents=True, exist_ok=True)
     save_file(state, str(Path(spec["out"]) / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(spec["out"])
@@ -253,6 +388,7 @@ def _transformers_4_configs() -> None:
     them. A missing attribute of those config classes is read from `text_config` (the same numbers), as in
     upstream_convert.py."""
     import transformers
+    from transformers.models.glm4v import Glm4vConfig
     from transformers.models.qwen2_5_vl import Qwen2_5_VLConfig
     from transformers.models.qwen2_vl import Qwen2VLConfig
 
@@ -265,7 +401,7 @@ def _transformers_4_configs() -> None:
             raise AttributeError(name)
         return getattr(text, name)
 
-    for cls in (Qwen2VLConfig, Qwen2_5_VLConfig):
+    for cls in (Qwen2VLConfig, Qwen2_5_VLConfig, Glm4vConfig):
         if "__getattr__" not in vars(cls):
             cls.__getattr__ = text_field  # type: ignore[attr-defined]
 
@@ -330,7 +466,11 @@ def model_megatron(spec: dict[str, Any]) -> None:
 
     # Megatron allocates parameters on torch.cuda.current_device() (torch_npu answers it on an NPU) unless asked
     # to build them on the CPU, which under torch.device("meta") is the meta device; no name or shape changes
-    argv = [*spec["argv"], "--use-cpu-initialization"]
+    argv = list(spec["argv"])
+    if argv and argv[0].endswith(".yaml"):  # pretrain_transformers.py: its YAML's gpt_args are the flags
+        sys.argv = [spec["entry"], *argv]
+        argv = _install()._from_yaml(MM, spec["entry"], argv)
+    argv = [*argv, "--use-cpu-initialization"]
     sys.argv = [spec["entry"], *argv]
     child = _install()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -363,7 +503,9 @@ def model_megatron(spec: dict[str, Any]) -> None:
     provider = _entry_functions(spec["entry"])["model_provider"]
     with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):
         model = provider()
-    OUT["model"] = _shapes(model.state_dict())
+    # a torch_dcp load asks for the model's state dict under "model" (Megatron checkpointing.py:1308-1311 at
+    # core_r0.12.1: {"model": model[0].state_dict(), ...}), flattened by DCP to "model.<name>"
+    OUT["model"] = _shapes(model.state_dict(), prefix=spec.get("prefix", ""))
 
 
 def model_fsdp(spec: dict[str, Any]) -> None:
@@ -379,8 +521,10 @@ def model_fsdp(spec: dict[str, Any]) -> None:
     from mindspeed_mm.fsdp.models.modelhub import ModelHub
     from mindspeed_mm.fsdp.utils.register import import_plugin
 
+    _on_npu()
     with contextlib.redirect_stdout(io.StringIO()):
         import_plugin(getattr(args.training, "plugin", []))
+        _plugin_configs(list(getattr(args.training, "plugin", [])))
         # 26.0.0: build(model, training); 26.1.0: build(model, features, training) (trainer.py calls it so)
         parts = (
             [args.model, args.training]
@@ -388,6 +532,7 @@ def model_fsdp(spec: dict[str, Any]) -> None:
             else [args.model, args.features, args.training]
         )
         model = ModelHub.build(*parts)
+        _tie_as_4_57(model)
         # then what the trainer does before loading (trainer.py get_foundation_model): a meta model is allocated
         # (to_empty, here on the CPU; FSDP sharding left out), and from 26.1.0 the output head is tied to the
         # embedding again (retie_embeddings): a tied name the checkpoint lacks is filled through its partner
