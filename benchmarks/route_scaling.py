@@ -38,21 +38,31 @@ INPUTS: dict[str, Callable[[int], str]] = {
     "separator run": lambda n: "wan" + "." * (n - 6) + "2.1",  # compact form: one gap next to matches
     "aliases": lambda n: ("wan2.1 t2v 8 npus 1.3b " * n)[:n],  # alias / task / size passes, all hit
     "digits": lambda n: ("1" * n)[:n],  # size and count regexes on one digit run
+    "rehearsal words": lambda n: ("没有npu 本机 on this machine no npus " * n)[:n],  # rehearsal pass, all hit
 }
 
 
-def load_baseline(rev: str) -> ModuleType:
-    """`mm_agent/route.py` as of git `rev`, imported under another name beside the current one."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:mm_agent/route.py"], cwd=REPO, check=True, capture_output=True, text=True
+def _show(rev: str, path: str) -> str:
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True
     ).stdout
-    path = Path(tempfile.mkdtemp(prefix="route_baseline_")) / "route_baseline.py"
-    path.write_text(source, encoding="utf-8")
+
+
+def load_baseline(rev: str) -> ModuleType:
+    """`mm_agent/route.py` as of git `rev`, imported under another name beside the current one, reading
+    the vocabulary of that revision (a newer vocabulary.yaml may hold sections its model refuses)."""
+    folder = Path(tempfile.mkdtemp(prefix="route_baseline_"))
+    (folder / "vocabulary.yaml").write_text(
+        _show(rev, "mm_agent/registry/data/vocabulary.yaml"), encoding="utf-8"
+    )
+    path = folder / "route_baseline.py"
+    path.write_text(_show(rev, "mm_agent/route.py"), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("route_baseline", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["route_baseline"] = module
     spec.loader.exec_module(module)
+    setattr(module, "DATA_DIR", folder)  # noqa: B010  (only load_vocabulary reads it)
     return module
 
 

@@ -50,6 +50,8 @@ def _dump(result: BaseModel, **kwargs: Any) -> dict[str, Any]:
 def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r, exclude={"candidates"})
     data["question"] = r.question  # the contract: always present, null when none
+    if not getattr(r.parsed, "rehearse", False):
+        data.get("parsed", {}).pop("rehearse", None)  # said only when asked
     if r.candidates:  # the best one in full but its stages' commands; the others one line each
         first = r.candidates[0]
         top: dict[str, Any] = compact(first.model_dump(mode="json", exclude={"pipeline", "explanation"}))
@@ -75,7 +77,12 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         launch = f" launcher={best.launcher}" if getattr(best, "launcher", None) else ""
         if getattr(best, "fit", None):
             lines.append(f"Memory: {best.fit}")
-        lines.append(f"Next: install_deps model={best.model_id}, then render_job{launch} (dry run).")
+        if getattr(best, "demo", None):  # asked to try it on this machine first
+            lines.append(
+                f"Next: rehearse it here with `{best.demo}` (CLI), then render_job{launch} (dry run)."
+            )
+        else:
+            lines.append(f"Next: install_deps model={best.model_id}, then render_job{launch} (dry run).")
     if len(r.candidates) > 5:
         lines.append(f"... {len(r.candidates) - 5} more candidates in the data.")
     if not detail and r.candidates:

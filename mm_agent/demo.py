@@ -65,9 +65,23 @@ RUNTIME_MODULES = ("torch", "diffusers", "transformers", "decord", "av", "tokeni
 RUNTIME_FIX = 'install the runtime extra: .venv/bin/pip install -c constraints.txt -e ".[runtime]"'
 
 StageName = Literal[
-    "dataset", "weights", "route", "render", "validate", "convert", "extract", "train", "sample", "diagnose"
+    "dataset",
+    "weights",
+    "route",
+    "render",
+    "validate",
+    "convert",
+    "extract",
+    "train",
+    "sample",
+    "diagnose",
+    "baseline",
+    "evaluate",
+    "export",
+    "answer",  # demo --vlm (mm_agent/demo_vlm.py)
 ]
-STAGES: tuple[StageName, ...] = get_args(StageName)  # in the order they run
+# the Wan demo's stages, in the order they run (demo --vlm: demo_vlm.VLM_STAGES)
+STAGES: tuple[StageName, ...] = get_args(StageName)[:10]
 
 
 class DemoRequest(BaseModel):
@@ -90,6 +104,11 @@ class DemoRequest(BaseModel):
         description="train a LoRA adapter on the frozen base (task lora), and a short full fine-tune beside it "
         "for the memory comparison",
     )
+    vlm: bool = Field(
+        default=False,
+        description="rehearse Qwen2.5-VL fine-tuning instead (images + questions; clips = training images; "
+        "unset clips/iters/lr/request take demo_vlm.VLM_DEFAULTS)",
+    )
 
 
 class StageResult(BaseModel):
@@ -111,6 +130,10 @@ class DemoArtifacts(BaseModel):
     loss_curve: str | None = None
     tensorboard: str | None = None
     sample: str | None = Field(default=None, description="generated mp4")
+    exported: str | None = Field(
+        default=None, description="--vlm: the trained model in the Hugging Face layout"
+    )
+    evaluation: str | None = Field(default=None, description="--vlm: held-out answers after training (JSON)")
     extract_log: str | None = None
     train_log: str | None = None
     sample_log: str | None = None
@@ -151,6 +174,11 @@ class DemoReport(BaseModel):
     lora: LoraFigures | None = Field(
         default=None, description="with --lora: the adapter against full fine-tuning"
     )
+    accuracy_before: float | None = Field(
+        default=None, description="--vlm: held-out exact-match accuracy of the untrained model"
+    )
+    accuracy_after: float | None = Field(default=None, description="--vlm: the same after training")
+    heldout: int | None = Field(default=None, description="--vlm: held-out questions asked")
     message: str
 
 
@@ -298,6 +326,7 @@ class _Demo:
         self.candidate: RouteCandidate | None = None
         self.text_len = 0  # set by weights()
         self.lora: LoraFigures | None = None  # set by train() with --lora
+        self.train_ms: float | None = None
 
     # -- stage plumbing
 
@@ -500,7 +529,7 @@ class _Demo:
         self.art.features = str(features)
         return f"{len(files)}/{self.req.clips} clips -> {features} ({self.req.nproc} processes)"
 
-    def train(self) -> str:
+    def _train(self) -> str:
         status = self._job("train", self.req.nproc)
         self.art.train_log = status.log
         self.losses = logged_losses(Path(status.log))
@@ -522,10 +551,15 @@ class _Demo:
         self.art.tensorboard = str(board) if any(board.glob("events.out.tfevents.*")) else None
         first, last_loss = smoothed(self.losses)
         step = f", step {status.step_time_ms:.0f} ms" if status.step_time_ms else ""
-        done = f"{len(self.losses)} iterations, loss {first:.4f} -> {last_loss:.4f}{step}; checkpoint {ckpt.name}"
+        self.train_ms = status.step_time_ms
+        return f"{len(self.losses)} iterations, loss {first:.4f} -> {last_loss:.4f}{step}; checkpoint {ckpt.name}"
+
+    def train(self) -> str:
+        done = self._train()
         if not self.req.lora:
             return done
-        self.lora = self._full_beside(Path(status.log), status.step_time_ms)
+        assert self.art.train_log is not None  # _train() passed
+        self.lora = self._full_beside(Path(self.art.train_log), self.train_ms)
         f = self.lora
         peaks = f" peak {f.peak_mb:.0f} vs {f.full_peak_mb:.0f} MiB" if f.peak_mb and f.full_peak_mb else ""
         return f"{done}; LoRA trains {f.trainable_share:.2f}% of the parameters;{peaks} ({f.memory})"
@@ -602,7 +636,7 @@ class _Demo:
         return self.candidate
 
     def _job(
-        self, name: Literal["extract", "train", "sample"], nproc: int | None, job: str = "job"
+        self, name: Literal["extract", "train", "sample", "evaluate"], nproc: int | None, job: str = "job"
     ) -> JobStatus:
         """Start one stage of a rendered job with the job manager and follow it to the end."""
         with held_interrupt() as interrupted:

@@ -29,6 +29,7 @@ from mm_agent.registry.schema import (
     VersionInfo,
     version_key,
 )
+from mm_agent.vlm_weights import qwen_vl_arch
 from mm_agent.wan_weights import WanWeights, read_wan_weights
 
 Runtime = Literal["mindspeed-mm", "bundled"]
@@ -42,6 +43,7 @@ LAUNCHER_FILES: dict[Launcher, str] = {
     "slurm": "slurm.sbatch",
 }
 BUNDLED_TEMPLATE = "bundled_generative"
+BUNDLED_VLM_TEMPLATE = "bundled_vlm"
 DEFAULT_SEED = 1234  # Megatron's --seed default, so an unseeded bundled job matches MindSpeed-MM's
 # What a job trains with when neither the request, the size's arch.task_defaults nor the task's registry
 # train_defaults (the stock launcher's values) set the field; the bundled runtime's own defaults.
@@ -70,6 +72,7 @@ class JobSpec(BaseModel):
     feature_dir: PathText | None = Field(
         default=None, description="feature-extraction output (sora_features)"
     )
+    eval_dataset: PathText | None = Field(default=None, description="evaluate.sh's benchmark TSV")
     npus_per_node: int | None = Field(default=None, ge=1, le=16)
     nnodes: int | None = Field(default=None, ge=1, le=1024)
     node_rank: int = Field(default=0, ge=0, le=1023)
@@ -161,6 +164,12 @@ class ResolvedJob(BaseModel):
     dataset_file: str
     save_path: str
     feature_dir: str
+    eval_dataset: str | None = Field(
+        default=None, description="the benchmark TSV evaluate.sh scores (tasks with an `evaluation` only)"
+    )
+    eval_benchmark: str | None = Field(
+        default=None, description="its evaluation_dataset name, e.g. ai2d_test"
+    )
     npus_per_node: int
     nnodes: int
     world_size: int
@@ -212,6 +221,7 @@ JOB_PATHS = {
     "dataset_file": "dataset_file",
     "save_path": "save_path",
     "feature_dir": "feature_dir",
+    "eval_dataset": "eval_dataset",
 }
 
 
@@ -219,6 +229,8 @@ def confine_job(job: ResolvedJob, root: Path) -> None:
     """Every path a job's scripts read or write must lie in the workspace or an allowed root (symlinks
     followed): otherwise extraction and training would read and write outside it."""
     for attr, field in JOB_PATHS.items():
+        if getattr(job, attr) is None:
+            continue  # a path the job does not have (eval_dataset of a task without evaluation)
         value = Path(getattr(job, attr))
         if not inside(value, root):
             raise MMAgentError(
@@ -227,6 +239,37 @@ def confine_job(job: ResolvedJob, root: Path) -> None:
                 fix="put it inside the workspace (e.g. a relative path) and re-render the job; the server "
                 "operator can allow another root with `mm-agent serve --allow-path DIR`",
             )
+
+
+def _eval_dataset(
+    spec: JobSpec, task: TaskSpec, base: Path, bundled_vlm: bool
+) -> tuple[str | None, str | None]:
+    """The benchmark TSV evaluate.sh scores and its evaluation_dataset name, told by the file's name as the
+    README's download link names it (AI2D_TEST.tsv -> ai2d_test); default: the stock config's benchmark in the
+    dataset folder. A job without an evaluation takes no benchmark. -> (eval_dataset, eval_benchmark)"""
+    evaluation = task.evaluation
+    if spec.runtime == "bundled" and bundled_vlm:  # held-out questions scored by exact match, no benchmark
+        return (_abs(base, spec.eval_dataset) if spec.eval_dataset else None), None
+    if evaluation is None:
+        if spec.eval_dataset is not None:
+            raise MMAgentError(
+                f"this {spec.model} {task.id} job has no evaluation stage, so eval_dataset is not used",
+                field="eval_dataset",
+                fix="drop eval_dataset",
+            )
+        return None, None
+    path = _abs(base, spec.eval_dataset or str(Path(spec.dataset_dir) / evaluation.benchmarks[0].file))
+    name = Path(path).name.lower()
+    found = next((b for b in evaluation.benchmarks if b.file.lower() == name), None)
+    if found is None:
+        files = ", ".join(f"{b.file} ({b.url})" for b in evaluation.benchmarks)
+        raise MMAgentError(
+            f"eval_dataset {Path(path).name!r} is none of the benchmarks MindSpeed-MM's {evaluation.script.path} "
+            "scores for this model; the file's name tells which one it is",
+            field="eval_dataset",
+            fix=f"download one of {files} and pass it under that name",
+        )
+    return path, found.id
 
 
 def split_layers(total: int, stages: int) -> list[int]:
@@ -295,13 +338,20 @@ def _tp_choices(size: SizeSpec, world: int, pp: int, cp: int) -> str:
     return f"use TP in {ok} (divisors of {world // (pp * cp)} = world size / (PP*CP){on_heads})"
 
 
+def is_bundled_vlm(entry: ModelEntry) -> bool:
+    """Qwen2.5-VL: the VLM the bundled runtime fine-tunes (transformers' class, MindSpeed-MM's checkpoints)."""
+    return entry.converter is not None and entry.converter.class_name == "Qwen2_5_VLConverter"
+
+
 def bundled_refusal(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> str | None:
     """Why the bundled runtime cannot run this (model, task, size); None when it can."""
+    if is_bundled_vlm(entry) and task.id in ("sft", "lora"):
+        return None
     adapts_t2v = task.id == "lora" and task.weights_of == "t2v"  # a LoRA of the text-to-video DiT
     if not is_wan_family(entry) or not (task.id == "t2v" or adapts_t2v):
         return (
-            f"the bundled runtime trains Wan-family text-to-video (wan2.1, wan2.2 t2v, and its LoRA); "
-            f"{entry.id} {task.id} is not one of them"
+            f"the bundled runtime trains Wan-family text-to-video (wan2.1, wan2.2 t2v, and its LoRA) and "
+            f"Qwen2.5-VL fine-tuning (sft, lora); {entry.id} {task.id} is not one of them"
         )
     if is_two_expert(entry, size):
         return f"{entry.id} {size.id} is two experts (high/low noise) trained as separate MindSpeed-MM jobs"
@@ -530,6 +580,8 @@ def resolve_job(
     tp, pp, cp = spec.tp or par.tp, spec.pp or par.pp, spec.cp or par.cp
     vpp, mbs = spec.vpp or par.vpp, spec.mbs or par.mbs
     if spec.runtime == "bundled":
+        # the bundled runtime trains data-parallel: a stock model-parallel layout becomes DP unless asked for
+        tp, pp, cp, vpp = spec.tp or 1, spec.pp or 1, spec.cp or 1, spec.vpp or 1
         _check_bundled(entry, task, size, {"tp": tp, "pp": pp, "cp": cp, "vpp": vpp})
     elif spec.device not in (None, "auto", "npu"):
         raise MMAgentError(
@@ -565,12 +617,19 @@ def resolve_job(
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
     size_arch = size.arch_at(version_id, task.id, task.backend)
     arch, wan = _wan_arch(entry, size, spec, weights, root, hf_id, size_arch)
+    if spec.runtime == "bundled" and is_bundled_vlm(entry) and (root is None or inside(Path(weights), root)):
+        # the bundled runtime trains what weights_dir holds; model.json must describe that network
+        found = qwen_vl_arch(Path(weights), root)
+        overrides = {**arch.get("model_json", {}), **found.pop("model_json", {})}
+        arch.update(found)
+        if overrides:
+            arch["model_json"] = overrides
 
     num_layers = arch.get("num_layers")
     pnl = _layers_for(spec, int(num_layers) if num_layers else None, pp, par.pipeline_num_layers)
     llm = par.llm_pp_layers
     vit = par.vit_pp_layers
-    llm_total, vit_total = size.arch.get("llm_layers"), size.arch.get("vit_layers")
+    llm_total, vit_total = arch.get("llm_layers"), arch.get("vit_layers")
     if llm_total and vit_total is not None and (pp != par.pp or pp == 1):
         # ViT layers all go to the first stage (MindSpeed-MM requires ViT before LLM layers).
         llm = split_layers(int(llm_total), pp)
@@ -588,6 +647,7 @@ def resolve_job(
     if entry.converter is None and isinstance(dit_subdir, str):
         # No conversion: LOAD_PATH is the DiT folder inside the HF download (HunyuanVideo-1.5 transformer/720p_t2v).
         default_load = str(Path(weights) / dit_subdir)
+    eval_dataset, eval_benchmark = _eval_dataset(spec, task, base, is_bundled_vlm(entry))
     job = ResolvedJob(
         spec=spec,
         entry=entry,
@@ -607,6 +667,8 @@ def resolve_job(
         ),
         save_path=_abs(base, spec.save_path) if spec.save_path else str(jd / "checkpoints"),
         feature_dir=_abs(base, spec.feature_dir) if spec.feature_dir else str(jd / "sora_features"),
+        eval_dataset=eval_dataset,
+        eval_benchmark=eval_benchmark,
         npus_per_node=npus,
         nnodes=nnodes,
         world_size=world,
@@ -625,7 +687,9 @@ def resolve_job(
         uses_features=uses_features,
         hf_id=hf_id,
         runtime=spec.runtime,
-        template=BUNDLED_TEMPLATE if spec.runtime == "bundled" else task.template,
+        template=(BUNDLED_VLM_TEMPLATE if is_bundled_vlm(entry) else BUNDLED_TEMPLATE)
+        if spec.runtime == "bundled"
+        else task.template,
         weights=wan,
         num_frames=spec.num_frames,
         max_height=spec.max_height,

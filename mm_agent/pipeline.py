@@ -21,7 +21,7 @@ from mm_agent.errors import MMAgentError
 from mm_agent.install.plan import host_arch
 from mm_agent.install.schema import Arch
 from mm_agent.install.steps import Layout, PlanStep, build_steps, plan_context
-from mm_agent.jobspec import Runtime, bundled_refusal
+from mm_agent.jobspec import Runtime, bundled_refusal, is_bundled_vlm
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ConverterSpec, ModelEntry, SizeSpec, Stage, TaskSpec, VersionInfo
 
@@ -806,6 +806,8 @@ def _bundled_stages(
             f"rendered scripts source the CANN env when it exists ({', '.join(info.cann_env)}).",
         ],
     )
+    if is_bundled_vlm(entry):
+        return [env, *_bundled_vlm_stages(entry, task, size, version, nproc, nodes)]
     deps = PipelineStage(
         stage="model_deps",
         applies=False,
@@ -896,6 +898,93 @@ def _bundled_stages(
         notes=[f"`{p['save']}` is the job's --save folder."],
     )
     return [env, deps, weights, data, features, training, inference, export]
+
+
+def _bundled_vlm_stages(
+    entry: ModelEntry, task: TaskSpec, size: SizeSpec, version: str, nproc: int, nodes: int
+) -> list[PipelineStage]:
+    """Stages 2-8 of a Qwen2.5-VL job on the bundled runtime: the Hugging Face folder itself is converted
+    (no `transformer/` subfolder), training runs transformers' model class, inference answers questions."""
+    from mm_agent.dataset.formats import prepare_step  # (it imports the registry's data tables)
+
+    p = _bundled_paths(entry, task, size)
+    job, save = p["job"], f"{p['job']}/checkpoints"
+    conv = entry.converter.class_name if entry.converter else ""
+    deps = PipelineStage(
+        stage="model_deps",
+        applies=False,
+        summary=f"{entry.name} needs nothing beyond the runtime extra (transformers' "
+        "Qwen2_5_VLForConditionalGeneration and its processor)",
+    )
+    download = (
+        [_sh(["huggingface-cli", "download", size.hf_ids[0], "--local-dir", p["weights"]])]
+        if size.hf_ids
+        else []
+    )
+    weights = PipelineStage(
+        stage="weights",
+        applies=True,
+        summary=f"Download {size.id} weights and convert them to the MindSpeed-MM layout ({conv}.hf_to_mm, "
+        "native)",
+        commands=[*download, _sh(bundled_convert_command(entry, source=p["weights"], target=p["load"]))],
+        notes=[
+            "The converted checkpoint is the job's LOAD_PATH; the Hugging Face folder stays the processor and "
+            "config source (data.json's model_name_or_path)."
+        ],
+    )
+    prepare, what = prepare_step(entry.id, task.id, version, "dataset", task.backend)
+    summary, data_notes = _data_format(entry, task)
+    render = ["mm-agent", "render", entry.id, "--task", task.id, "--size", size.id, "--runtime", "bundled"]
+    render += ["--npus-per-node", str(nproc)] + (["--nnodes", str(nodes)] if nodes > 1 else [])
+    render += ["--dataset-dir", "dataset", "--out", job]
+    data = PipelineStage(
+        stage="data_prep",
+        applies=True,
+        summary=summary,
+        commands=[*([_sh(prepare)] if prepare else []), _sh(render), _sh(["mm-agent", "validate", job])],
+        scripts=["data.json", "model.json"],
+        notes=[*data_notes, what],
+    )
+    features = PipelineStage(
+        stage="feature_extraction",
+        applies=False,
+        summary="No offline feature extraction: the processor turns images into pixel_values during training",
+    )
+    training = PipelineStage(
+        stage="training",
+        applies=True,
+        summary=f"{task.id} with python -m runtime.vlm_train (transformers' model class, FSDP2 data parallel) "
+        f"on {nodes}x{nproc} devices",
+        commands=[_sh(["mm-agent", "train", job, "--yes", "--wait"])],
+        scripts=["finetune.sh"],
+        notes=[
+            "Picks NPU, then CUDA, then CPU; checkpoints in MindSpeed-MM's layout and names, resumed exactly "
+            "when the job is started again.",
+        ],
+    )
+    inference = PipelineStage(
+        stage="inference",
+        applies=True,
+        summary="Answer the dataset's questions with the trained checkpoint (python -m runtime.vlm_infer, "
+        "generate)",
+        commands=[_sh(["mm-agent", "sample", job, "--yes", "--wait"])],
+        scripts=["inference.sh"],
+    )
+    export_argv = bundled_convert_command(
+        entry,
+        source=save,
+        target=f"ckpt/hf_export/{entry.id}-{size.id}",
+        method="mm_to_hf",
+        hf_dir=p["weights"],
+    )
+    export = PipelineStage(
+        stage="export",
+        applies=True,
+        summary=f"Convert the trained checkpoint back to Hugging Face ({conv}.mm_to_hf)",
+        commands=[_sh(export_argv)],
+        notes=[f"`{save}` is the job's --save folder."],
+    )
+    return [deps, weights, data, features, training, inference, export]
 
 
 def build_pipeline(

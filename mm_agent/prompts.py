@@ -26,6 +26,8 @@ from pydantic import (
 
 from mm_agent.errors import MMAgentError
 from mm_agent.paths import confine
+from mm_agent.registry import get_registry
+from mm_agent.route import RouteRequest, asks_rehearsal, load_vocabulary, rehearsal_demo, route_model
 from mm_agent.runs import RUN_ID_PATTERN, run_dir_for
 from mm_agent.skills.workflows import Workflow, WorkflowStep, load_workflows
 
@@ -173,12 +175,29 @@ def render_workflow(workflow: Workflow, values: dict[str, str], notes: list[str]
     return PromptText(scenario=workflow.id, text="\n".join(lines))
 
 
+def rehearsal_notes(request: str, skill: str) -> list[str]:
+    """A request to try it on this machine first gets the demo that rehearses it: the routed model's, else
+    the first demo of the workflow's skill, named with what it trains (`mm-agent demo` is a CLI command)."""
+    if not asks_rehearsal(request):
+        return []
+    routed = route_model(RouteRequest(request=request))
+    reg = get_registry()
+    demo = next(
+        (d for c in routed.candidates if (d := rehearsal_demo(c.model_id, c.task)) is not None), None
+    ) or next(d for d in load_vocabulary().rehearsal.demos if reg.models[d.model].skill == skill)
+    return [
+        f"First rehearse it on this machine: run `{demo.command}` (CLI; {demo.model} {demo.task} on tiny "
+        "weights and synthetic data, no NPU needed) and show its report before these steps; runtime=bundled "
+        "then trains the data here where route_model's explanation says so."
+    ]
+
+
 def finetune_generative(args: FinetuneGenerativeArgs, root: Path) -> PromptText:
     values = {
         "request": args.request,
         "dataset_dir": _existing(args.dataset_dir, root, "directory", "dataset_dir"),
     }
-    notes = []
+    notes = rehearsal_notes(args.request, "mindspeed-mm-generative")
     if args.weights_dir is not None:
         values["hf_dir"] = _existing(args.weights_dir, root, "directory", "weights_dir")
     else:
@@ -193,7 +212,8 @@ def finetune_vlm(args: FinetuneVlmArgs, root: Path) -> PromptText:
         "request": args.request,
         "dataset_file": _existing(args.dataset_file, root, "file", "dataset_file"),
     }
-    return render_workflow(load_workflows().get("finetune-vlm"), values, [])
+    notes = rehearsal_notes(args.request, "mindspeed-mm-vlm")
+    return render_workflow(load_workflows().get("finetune-vlm"), values, notes)
 
 
 def recover_failed_run(args: RecoverArgs, root: Path) -> PromptText:

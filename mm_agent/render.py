@@ -201,13 +201,16 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
     d = job.job_dir
     steps: list[str] = _master_addr_step(job)  # a multi-node job no node can join: first
     have_weights = job.weights is not None and job.weights.transformer_config is not None
+    if job.template == "bundled_vlm":  # (read by render only inside the workspace, like the arch)
+        have_weights = bool(job.arch.get("llm_layers")) and "model_json" in job.arch
     # MindSpeed-MM jobs take their downloads, conversions and data steps from the model's steps data
     # (registry/data/steps/<model>.yaml, each step citing its README section)
     cited = job.runtime != "bundled" and has_steps(job.entry, job.version.id)
     if job.hf_id and not have_weights and not cited:
         steps.append(shlex.join(["huggingface-cli", "download", job.hf_id, "--local-dir", job.weights_dir]))
     if job.runtime == "bundled":
-        source = str(Path(job.weights_dir) / "transformer")
+        vlm = job.template == "bundled_vlm"  # a Qwen2.5-VL folder is the model itself, no transformer/
+        source = job.weights_dir if vlm else str(Path(job.weights_dir) / "transformer")
         steps.append(shlex.join(bundled_convert_command(job.entry, source=source, target=job.load_path)))
         steps.append(f"mm-agent validate {shlex.quote(d)}")
         if job.spec.launcher is not None:
@@ -229,6 +232,10 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         steps.append(f"mm-agent train {shlex.quote(d)} --yes --wait")
         if "inference.sh" in files:
             steps.append(f"mm-agent sample {shlex.quote(d)} --yes --wait")
+        if "evaluate.sh" in files:
+            steps.append(f"mm-agent evaluate {shlex.quote(d)} --yes --wait")
+        if vlm:
+            steps += _bundled_vlm_export(job)
         return steps
     conv = job.entry.converter
     gap = converter_gap(conv, conv.to_training, job.version.id) if conv is not None else None
@@ -257,7 +264,7 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         p
         for p in files
         if p.endswith(".sh")
-        and not p.startswith(("feature_extract/", "inference"))
+        and not p.startswith(("feature_extract/", "inference", "evaluate"))
         and p not in LAUNCHER_FILES.values()
     )
     if job.uses_features:
@@ -266,11 +273,45 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
         train = _train_script(job, files)
         # before training, on one node (features land on the shared feature_dir)
         steps += [f"{_ONE_NODE} bash {shlex.quote(d + '/' + s)}" for s in scripts if s != train]
-        return steps + launcher_steps(job, job.spec.launcher) + _lora_merge(job)
+        return steps + launcher_steps(job, job.spec.launcher) + _lora_merge(job) + _evaluate(job, files)
     if job.nnodes > 1:
-        return steps + _per_node(job, scripts) + _lora_merge(job)
+        return steps + _per_node(job, scripts) + _lora_merge(job) + _evaluate(job, files)
     steps += [f"bash {shlex.quote(d + '/' + s)}" for s in scripts]
-    return steps + _lora_merge(job)
+    return steps + _lora_merge(job) + _evaluate(job, files)
+
+
+def _bundled_vlm_export(job: ResolvedJob) -> list[str]:
+    """After training: the checkpoint back to a Hugging Face folder (a LoRA adapter merged into its base first)."""
+    from mm_agent.pipeline import bundled_convert_command
+
+    source, steps = job.save_path, []  # (its tracker names the last iteration)
+    if job.task.id == "lora":
+        merged = f"{job.save_path}-merged"
+        merge = [job.python, "-m", "runtime.vlm_merge", "--model", job.weights_dir, "--base", job.load_path]
+        steps.append(shlex.join([*merge, "--lora", job.save_path, "--out", merged]))
+        source = merged
+    argv = bundled_convert_command(
+        job.entry, source=source, target=f"{job.save_path}-hf", method="mm_to_hf", hf_dir=job.weights_dir
+    )
+    return ["# after training: export to the Hugging Face layout", *steps, shlex.join(argv)]
+
+
+def _evaluate(job: ResolvedJob, files: dict[str, str]) -> list[str]:
+    """After training: the benchmark the job's evaluate.sh scores (the README's download link) and the run."""
+    evaluation = job.task.evaluation
+    if "evaluate.sh" not in files or evaluation is None or job.eval_dataset is None:
+        return []
+    url = next(b.url for b in evaluation.benchmarks if b.id == job.eval_benchmark)
+    script = shlex.quote(job.job_dir + "/evaluate.sh")
+    run = f"bash {script}"
+    if job.tp * job.pp > job.npus_per_node:  # the split spans nodes: each runs it with its NODE_RANK
+        run = f"NODE_RANK=<rank> MASTER_ADDR=<node-0-ip> bash {script}  # on every node of the TP x PP split"
+    return [
+        f"# after training: evaluate the checkpoint on {job.eval_benchmark} (README 评测; needs "
+        "pip install -e '.[evaluate]' in MindSpeed-MM)",
+        shlex.join(["curl", "-L", "--create-dirs", "-o", job.eval_dataset, url]),
+        run,
+    ]
 
 
 def _lora_merge(job: ResolvedJob) -> list[str]:
@@ -433,11 +474,12 @@ def _fit(job: ResolvedJob) -> LayoutFit | None:
         frames=spec.num_frames, height=spec.max_height, width=spec.max_width, text_len=spec.text_len,
         recompute="full" if spec.recompute else "none", device="cpu" if spec.device == "cpu" else None,
     )  # fmt: skip
+    arch = job.arch if job.template == "bundled_vlm" else None  # the network the weights hold, not the size's
     if {"tp", "cp"} & spec.model_fields_set:  # the user's own layout: only the verdict
-        return fit_layout(request, runtime=job.runtime)
+        return fit_layout(request, runtime=job.runtime, arch=arch)
     heads = job.size.arch.get("num_heads")
     return fit_layout(
-        request, runtime=job.runtime, cp_ok=cp_rule(job.task.template, job.runtime, heads, job.tp)
+        request, runtime=job.runtime, cp_ok=cp_rule(job.task.template, job.runtime, heads, job.tp), arch=arch
     )
 
 
@@ -448,11 +490,12 @@ _STAGE_OF_SCRIPT = {
     "train.sh": "train",
     "launch.sh": "train",
     "inference.sh": "sample",
+    "evaluate.sh": "evaluate",
 }
 
 
 def stage_scripts(spec: JobSpec, *, base: Path | None = None) -> dict[str, str]:
-    """{"extract"|"train"|"sample": script path relative to the job dir} for the stages this job has.
+    """{"extract"|"train"|"sample"|"evaluate": script path relative to the job dir} for the stages this job has.
 
     The job is rendered (in memory) to answer, so the names are exactly the files `render_job` writes,
     for either runtime. `base` is the folder relative paths in the spec are resolved against (the MCP

@@ -29,7 +29,7 @@ from mm_agent.estimate.devices import load_devices
 from mm_agent.estimate.plan import cp_rule, fit_layout
 from mm_agent.estimate.schema import EstimateRequest
 from mm_agent.fields import REQUEST_CHARS, Name
-from mm_agent.jobspec import LAUNCHER_FILES, Launcher, Runtime, bundled_refusal
+from mm_agent.jobspec import LAUNCHER_FILES, Launcher, Runtime, bundled_refusal, is_bundled_vlm
 from mm_agent.pipeline import PipelineStage, build_pipeline
 from mm_agent.registry import DATA_DIR, Registry, get_registry
 from mm_agent.registry.hardware import load_hardware
@@ -64,8 +64,21 @@ class LauncherWords(_Strict):
     words: list[str]
 
 
+class RehearsalDemo(_Strict):
+    model: str = Field(description="registry model id the demo trains")
+    task: TaskId
+    command: str = Field(pattern=r"^mm-agent demo( --[a-z]+)*$")
+    shows: str = Field(description="what it runs, the end of the explanation's sentence")
+
+
+class Rehearsal(_Strict):
+    words: list[str] = Field(description="phrases meaning: try it on this machine first, without NPUs")
+    demos: list[RehearsalDemo]
+
+
 class Vocabulary(_Strict):
     tasks: list[TaskWords]
+    rehearsal: Rehearsal
     launchers: list[LauncherWords] = Field(description="in priority order: the first named wins")
     families: list[FamilyWords]
     numerals: dict[str, int]
@@ -113,7 +126,7 @@ class RouteRequest(_Strict):
     )
     runtime: Runtime = Field(
         default="mindspeed-mm",
-        description="pipeline of: mindspeed-mm, or bundled (Wan)",
+        description="mindspeed-mm, or bundled (Wan, Qwen2.5-VL)",
     )
     detail: bool = Field(default=False, description="every candidate's pipeline (default: the best one's)")
 
@@ -134,6 +147,9 @@ class ParsedRequest(_Strict):
     )
     families: list[str] = Field(default_factory=list)
     launcher: Launcher | None = Field(default=None, description="cluster or launcher named")
+    rehearse: bool = Field(
+        default=False, description="asks to try it on this machine first (no NPUs): see candidates' `demo`"
+    )
 
 
 class RouteChoice(_Strict):
@@ -169,6 +185,11 @@ class RouteCandidate(_Strict):
     )
     fit: str | None = Field(default=None, description="memory verdict for the NPU count asked for")
     runtime: Runtime = Field(description="which runtime `pipeline` is for")
+    demo: str | None = Field(
+        default=None,
+        description="when the request asks to rehearse: the command that runs this model and task "
+        "end to end on this machine (tiny weights, synthetic data)",
+    )
     pipeline: list[PipelineStage] = Field(description="the 8 stages (the best candidate only, unless detail)")
 
 
@@ -308,6 +329,7 @@ class _Parse:
     nodes: int | None = None
     hardware: list[str] = field(default_factory=list)
     launcher: Launcher | None = None
+    rehearse: bool = False  # "on this machine first", "without NPUs", "本机先试"
     unknown: list[str] = field(default_factory=list)  # model-like words that name no registry model
     notes: list[str] = field(default_factory=list)  # how the counts were read, when not as written
     phrases: list[str] = field(default_factory=list)  # vocabulary phrases found, for the question
@@ -446,6 +468,7 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
             p.tasks += by_word.get(_compact(token)[0], [])
 
     p.version = _parse_version(t, reg, vocab)
+    p.rehearse = _parse_rehearsal(t, vocab)  # before the counts: "without NPUs" is no count
     p.hardware = _parse_hardware(t)
     p.launcher = _parse_launcher(t, vocab)
     _parse_counts(p, vocab)
@@ -483,6 +506,26 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
     if not p.models:
         p.unknown = _unknown_models(t, vocab)
     return p
+
+
+def _parse_rehearsal(t: _Text, vocab: Vocabulary) -> bool:
+    """Consume the phrases that ask to rehearse on this machine first; True when there was one."""
+    words = _derived(
+        "rehearsal", vocab, lambda: sorted(vocab.rehearsal.words, key=lambda w: -len(_compact(w)[0]))
+    )
+    return sum(t.take(w) for w in words if _compact(w)[0] in t.compact) > 0
+
+
+def rehearsal_demo(model_id: str, task_id: str) -> RehearsalDemo | None:
+    """The demo that rehearses this model and task on this machine (vocabulary.yaml `rehearsal.demos`)."""
+    return next(
+        (d for d in load_vocabulary().rehearsal.demos if (d.model, d.task) == (model_id, task_id)), None
+    )
+
+
+def asks_rehearsal(text: str) -> bool:
+    """Whether a request asks to try the pipeline on this machine first (the prompts add the demo then)."""
+    return _parse_rehearsal(_Text(text), load_vocabulary())
 
 
 def _parse_hardware(t: _Text) -> list[str]:
@@ -750,6 +793,10 @@ class _Scored:
 def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, version: str) -> _Scored:
     """model match (100) >> task match (10) >> family match (1); the small bonuses only break ties.
 
+    A request to rehearse on this machine adds 2 where a demo rehearses the (model, task) and it is what the
+    request asked for (its task or family, or anything when it names neither): "rehearse VLM fine-tuning
+    without NPUs" is the Qwen2.5-VL demo's model rather than a question among every VLM.
+
     A LoRA task gets 1 more when the request also names the task it adapts (its `weights_of`, else another
     task of the model), so "Wan2.1 text-to-video with LoRA" is the LoRA job. Tie-breakers, largest first: the requested size exists
     (0.5), the version has it (0.25), how many distinct requested tasks the model covers ("text-to-image lora"
@@ -775,6 +822,14 @@ def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, vers
     if _family_asked(entry, task.id, p):
         score += 1
         why.append(f"{entry.family} family matches")
+    if (
+        p.rehearse
+        and rehearsal_demo(entry.id, task.id)
+        and (
+            not (p.tasks or p.families) or _task_asked(entry, task.id, p) or _family_asked(entry, task.id, p)
+        )
+    ):
+        score += 2
     size, size_note = _pick_size(entry, task, p)
     if size_note:
         why.append(size_note)
@@ -817,7 +872,12 @@ def _candidate(
         runtime = "mindspeed-mm"
     fe = task.feature_extraction
     needs_fe = fe is not None and (runtime == "bundled" or fe.versions.contains(version))
-    if runtime == "bundled":
+    if runtime == "bundled" and is_bundled_vlm(entry):
+        why.append(
+            f"{task.id} trains on mm-agent's bundled runtime (python -m runtime.vlm_train under torchrun, "
+            "transformers' model class; NPU, GPU or CPU)"
+        )
+    elif runtime == "bundled":
         why.append(
             f"{task.id} trains on mm-agent's bundled runtime (python -m runtime.train under torchrun; NPU, GPU or CPU)"
         )
@@ -828,6 +888,9 @@ def _candidate(
         why.append(f"{task.id} trains with {task.backend} via {task.entry_script.path} ({task.launcher})")
         if needs_fe and fe:
             why.append(f"needs offline feature extraction ({fe.script})")
+    demo = rehearsal_demo(entry.id, task.id) if p.rehearse else None
+    if p.rehearse:
+        why.append(_rehearsal_note(entry, task, s.size, runtime, demo))
     per_node, nodes = _layout(p, s.size)
     launcher = p.launcher or ("pdsh" if nodes > 1 else None)
     if launcher is not None:
@@ -858,12 +921,28 @@ def _candidate(
         launcher=launcher,
         fit=fit,
         runtime=runtime,
+        demo=demo.command if demo else None,
         pipeline=list(
             _pipeline(entry.id, task.id, task.backend, s.size.id, version, per_node, nodes, runtime)
         )
         if pipeline
         else [],
     )
+
+
+def _rehearsal_note(
+    entry: ModelEntry, task: TaskSpec, size: SizeSpec, runtime: Runtime, demo: RehearsalDemo | None
+) -> str:
+    """What rehearses this model and task on this machine: its demo, and runtime=bundled where that trains
+    it; a model without a demo gets the demos there are, never a silent switch to another model."""
+    if demo is not None:
+        note = f"to rehearse it on this machine first: `{demo.command}` ({demo.shows})"
+    else:
+        others = ", ".join(f"`{d.command}` ({d.model} {d.task})" for d in load_vocabulary().rehearsal.demos)
+        note = f"no demo rehearses {entry.id} {task.id} (demos: {others})"
+    if runtime != "bundled" and bundled_refusal(entry, task, size) is None:
+        note += "; runtime=bundled trains it here on CPU/GPU"
+    return note
 
 
 def _fit(
@@ -978,6 +1057,9 @@ def route_model(req: RouteRequest) -> RouteResult:
         what = ", ".join(dict.fromkeys(p.phrases)) or "your training job"
         options = ", ".join(f"{x.entry.id} ({x.entry.name})" for x in top)
         question = f"Which model should I use for {what}? Options: {options}. Name one, or pass model=<id>."
+        if p.rehearse:
+            demos = "; ".join(f"{d.model} {d.task}: `{d.command}`" for d in vocab.rehearsal.demos)
+            question += f" Demos that rehearse on this machine: {demos}."
     elif len(named) > 1 and len(tied) > 1:
         question = f"You named several models ({', '.join(p.models)}); which one should I set up?"
 
@@ -992,6 +1074,7 @@ def route_model(req: RouteRequest) -> RouteResult:
         nodes=p.nodes,
         hardware=p.hardware,
         launcher=p.launcher,
+        rehearse=p.rehearse,
         families=list(
             dict.fromkeys([f.family for f in p.families] + [tw.family for tw in p.tasks if tw.family])
         ),

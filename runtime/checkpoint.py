@@ -19,15 +19,19 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from runtime.atomic import TEMP_MARK, fsync_dir, write_text_atomic
 from runtime.errors import RuntimeFailure
+
+if TYPE_CHECKING:
+    from mm_agent.convert.layout import MMCheckpoint
 
 TRACKER = "latest_checkpointed_iteration.txt"
 CKPT_NAME = "model_optim_rng.pt"
@@ -76,10 +80,22 @@ def _converted_files(root: Path) -> list[str] | None:
     return [f.path for f in manifest.files] if manifest is not None else None
 
 
-def load_checkpoint(load_dir: str) -> Loaded:
-    """Read `--load`: every problem that would make MindSpeed-MM fall back to random weights is an error."""
-    from mm_agent.convert.layout import find_checkpoint
+Merge = Callable[["MMCheckpoint"], tuple[dict[str, torch.Tensor], str]]
+
+
+def merge_blocks(found: MMCheckpoint) -> tuple[dict[str, torch.Tensor], str]:
+    """A predictor's stages merged into global `blocks.N` names, and how the files were split."""
     from mm_agent.convert.mmio import load_merged
+
+    model, split = load_merged(found, LAYER_PREFIX)
+    return model, split.describe()
+
+
+def load_checkpoint(load_dir: str, merge: Merge = merge_blocks) -> Loaded:
+    """Read `--load`: every problem that would make MindSpeed-MM fall back to random weights is an error.
+
+    `merge` joins the rank files into one state dict (a VLM's ViT and LLM are split by their own layers)."""
+    from mm_agent.convert.layout import find_checkpoint
     from mm_agent.convert.tensors import load_pt
     from mm_agent.errors import MMAgentError
 
@@ -108,13 +124,13 @@ def load_checkpoint(load_dir: str) -> Loaded:
                 field="--load",
                 fix="re-convert with TP=1 (PP/VPP splits are fine: they are merged)",
             )
-        model, split = load_merged(found, LAYER_PREFIX)
+        model, layout = merge(found)
         loaded = Loaded(
             root=root,
             iteration=0 if found.iteration == "release" else int(found.iteration.removeprefix("iter_")),
             release=found.iteration == "release",
             model=model,
-            layout=split.describe(),
+            layout=layout,
         )
         if not loaded.release:
             obj = load_pt(found.stage_files()[0])

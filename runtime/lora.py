@@ -120,7 +120,7 @@ class LoraSettings:
         }
 
 
-def _matches(name: str, target: str) -> bool:
+def matches(name: str, target: str) -> bool:
     """PEFT's `check_target_module_exists` for a list entry: the full name or a `.`-separated suffix."""
     return name == target or name.endswith("." + target)
 
@@ -129,7 +129,7 @@ def target_modules(model: nn.Module, settings: LoraSettings) -> list[str]:
     """Names of the modules the targets wrap; a target that matches nothing or a non-Linear is refused."""
     found: list[str] = []
     for target in settings.targets:
-        hits = [(n, m) for n, m in model.named_modules() if n and _matches(n, target)]
+        hits = [(n, m) for n, m in model.named_modules() if n and matches(n, target)]
         if not hits:
             raise RuntimeFailure(
                 f"--lora-target-modules {target!r} matches no module of the wandit model",

@@ -345,8 +345,29 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--frames", type=int, default=17)
     c.add_argument("--height", type=int, default=64)
     c.add_argument("--width", type=int, default=64)
+    vw = sub.add_parser("vlm-weights", help="tiny Qwen2.5-VL weights + processor in the Hugging Face layout")
+    vw.add_argument("out", type=Path)
+    vw.add_argument("--seed", type=int, default=0)
+    vd = sub.add_parser("vlm-dataset", help="PNGs of coloured shapes + LLaVA train.json / heldout.json")
+    vd.add_argument("out", type=Path)
+    vd.add_argument("--count", type=int, default=None, help="training images (2 questions each)")
+    vd.add_argument("--heldout", type=int, default=None, help="held-out images, never in train")
+    vd.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.what == "weights":
+    if args.what.startswith("vlm-"):
+        from runtime import synth_vlm
+
+        if args.what == "vlm-weights":
+            print(synth_vlm.build_tiny_qwen25vl(args.out, seed=args.seed))
+        else:
+            made = synth_vlm.make_vlm_dataset(
+                args.out,
+                synth_vlm.TRAIN_IMAGES if args.count is None else args.count,
+                synth_vlm.HELDOUT_IMAGES if args.heldout is None else args.heldout,
+                args.seed,
+            )
+            print(f"{made.train}\n{made.heldout}")
+    elif args.what == "weights":
         print(build_tiny_wan(args.out, seed=args.seed))
     elif args.what == "configs":
         written = write_extract_configs(

@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--clip-grad", type=float, default=1.0, help="0 disables clipping (the norm is still logged)"
     )
     p.add_argument("--train-iters", type=int, required=True)
+    p.add_argument(
+        "--seq-length",
+        type=int,
+        default=None,
+        help="VLM: the token cutoff of a sample (MindSpeed-MM's, 1024)",
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
         "--bf16", action="store_true", help="bf16 autocast on NPU / bf16-capable CUDA; fp32 on CPU"
@@ -197,13 +203,7 @@ class Trainer:
             gbs,
         )
         self.ranks = RankSlice(mbs, self.layout.grad_acc, self.layout.dp, info.rank)
-        self.wan = WanDiTConfig.from_predictor(require(model_cfg, "predictor", args.mm_model), args.mm_model)
-        self.flow = FlowMatching(
-            FlowConfig.from_diffusion(
-                require(model_cfg, "diffusion", args.mm_model), args.mm_model, training=True
-            )
-        )
-        self.online = not bool(model_cfg.get("load_video_features", True))
+        self._read_model_config(model_cfg)
         self.lora = lora.LoraSettings.from_args(args)
         if args.auto_resume and args.save and (Path(args.save) / ckpt.TRACKER).is_file():
             log0(
@@ -221,19 +221,12 @@ class Trainer:
                 self.rank,
                 f"--bf16: no bf16 autocast on {device.name}, training in fp32 (see runtime/device.py)",
             )
-        log0(self.rank, "building SoRA model ...")
-        torch.manual_seed(args.seed)
-        model = WanDiT(self.wan)
+        model = self._build(loaded)
         self.iteration, self.consumed = 0, 0
-        if loaded is not None:
-            self._log_loading(loaded)
-            load_weights(model, loaded.model, str(loaded.root))
         if self.lora is not None:
             self._wrap(model, resume)
         if resume is not None and not resume.release:
             self.iteration, self.consumed = resume.iteration, resume.consumed_samples
-        model.recompute = args.recompute_granularity == "full"
-        model.recompute_layers = args.recompute_num_layers
         self.model = self._parallelize(model.to(device.torch_device))
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self._optimizer()
@@ -262,7 +255,40 @@ class Trainer:
             save, board, args.train_iters, args.log_interval, self.iteration, enabled=self.rank == 0
         )
 
-    # -- construction -------------------------------------------------------------------------------------
+    # -- construction (the model-specific parts: runtime.vlm_train overrides these) ----------------------
+
+    def _read_model_config(self, model_cfg: dict[str, Any]) -> None:
+        args = self.args
+        self.wan = WanDiTConfig.from_predictor(require(model_cfg, "predictor", args.mm_model), args.mm_model)
+        self.flow = FlowMatching(
+            FlowConfig.from_diffusion(
+                require(model_cfg, "diffusion", args.mm_model), args.mm_model, training=True
+            )
+        )
+        self.online = not bool(model_cfg.get("load_video_features", True))
+
+    def _build(self, loaded: ckpt.Loaded | None) -> torch.nn.Module:
+        """The model with --load's weights (random without --load), before LoRA and FSDP2."""
+        log0(self.rank, "building SoRA model ...")
+        torch.manual_seed(self.args.seed)
+        model = WanDiT(self.wan)
+        if loaded is not None:
+            self._log_loading(loaded)
+            load_weights(model, loaded.model, str(loaded.root))
+        model.recompute = self.args.recompute_granularity == "full"
+        model.recompute_layers = self.args.recompute_num_layers
+        return model
+
+    def _load(self, path: str) -> ckpt.Loaded:
+        return ckpt.load_checkpoint(path)
+
+    def _fsdp_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The modules FSDP2 shards as their own units (gathered just in time), before the root."""
+        return list(model.blocks)  # type: ignore[arg-type]
+
+    def _checkpoint_state(self, model_sd: dict[str, Any]) -> dict[str, Any]:
+        """The gathered model state as the checkpoint stores it (MindSpeed-MM's names)."""
+        return model_sd
 
     def _dataset(self, data_cfg: dict[str, Any], model_cfg: dict[str, Any]) -> Any:
         args = self.args
@@ -309,7 +335,7 @@ class Trainer:
         to continue, as in MindSpeed-MM."""
         args = self.args
         if self.lora is None:
-            loaded = ckpt.load_checkpoint(args.load) if args.load else None
+            loaded = self._load(args.load) if args.load else None
             if loaded is not None and lora.is_adapter_state(loaded.model):
                 raise RuntimeFailure(
                     f"--load {loaded.root} is a LoRA checkpoint (adapter weights only), not a model",
@@ -319,14 +345,14 @@ class Trainer:
                 )
             return loaded, loaded
         base_dir = args.load_base_model or args.load
-        base = ckpt.load_checkpoint(base_dir)
+        base = self._load(base_dir)
         if lora.is_adapter_state(base.model):
             raise RuntimeFailure(
                 f"{base.root} is a LoRA checkpoint, not a base model",
                 field="--load-base-model" if args.load_base_model else "--load",
                 fix="pass the base as --load-base-model BASE and the LoRA checkpoint as --load",
             )
-        adapter = ckpt.load_checkpoint(args.load) if args.load_base_model and args.load else None
+        adapter = self._load(args.load) if args.load_base_model and args.load else None
         if adapter is not None and not lora.is_adapter_state(adapter.model):
             raise RuntimeFailure(
                 f"--load {adapter.root} holds no LoRA adapter (with --load-base-model, --load is the LoRA checkpoint)",
@@ -336,7 +362,7 @@ class Trainer:
         self.base_dir = str(base.root)
         return base, adapter
 
-    def _wrap(self, model: WanDiT, adapter: ckpt.Loaded | None) -> None:
+    def _wrap(self, model: torch.nn.Module, adapter: ckpt.Loaded | None) -> None:
         """Freeze the base, wrap the targets with PEFT, and load the adapter being continued."""
         assert self.lora is not None
         self.lora_modules = lora.apply(model, self.lora)
@@ -356,7 +382,7 @@ class Trainer:
         else:
             log0(self.rank, f" loading checkpoint from {loaded.root} at iteration {loaded.iteration}")
 
-    def _parallelize(self, model: WanDiT) -> torch.nn.Module:
+    def _parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over all ranks: each block is its own unit (gathered just in time), then the root."""
         self.sharded = self.info.world_size > 1
         if not self.sharded:
@@ -365,8 +391,8 @@ class Trainer:
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(self.device.kind, (self.info.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
+        for unit in self._fsdp_units(model):
+            fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
 
@@ -389,6 +415,9 @@ class Trainer:
             eps=self.args.adam_eps,
         )
 
+    def _collate(self) -> Any:
+        return collate
+
     def _batches(self, dataset: Any, data_cfg: dict[str, Any]) -> Iterator[Any]:
         shuffle = bool((data_cfg.get("dataloader_param") or {}).get("shuffle", True))
         sampler = StreamSampler(len(dataset), self.ranks, self.args.seed, self.consumed, shuffle)
@@ -398,7 +427,7 @@ class Trainer:
             batch_size=self.ranks.micro_batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=collate,
+            collate_fn=self._collate(),
             persistent_workers=workers > 0,
         )
         return iter(loader)
@@ -454,6 +483,16 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.kind, dtype=dtype)
 
+    def _micro_loss(self, batch: Any, iteration: int, micro: int) -> torch.Tensor:
+        """One micro batch's loss (flow matching: its timestep and noise drawn from its own generator)."""
+        latents, text = self._inputs(batch)
+        x_t, timestep, target, weight = self.flow.draw(
+            latents, micro_generator(self.args.seed, iteration, self.info.rank, micro)
+        )
+        with self._autocast():
+            prediction = self.model(x_t, timestep, text)
+        return FlowMatching.loss(prediction, target, weight)
+
     def step(self) -> StepStats:
         """One optimizer step over a global batch (grad-acc micro batches on every DP rank)."""
         started = time.perf_counter()
@@ -464,15 +503,9 @@ class Trainer:
         grad_acc = self.ranks.grad_acc
         total = torch.zeros((), device=self.device.torch_device)
         for micro in range(grad_acc):
-            latents, text = self._inputs(next(self.batches))
-            x_t, timestep, target, weight = self.flow.draw(
-                latents, micro_generator(self.args.seed, iteration, self.info.rank, micro)
-            )
             if self.sharded and grad_acc > 1:
                 self.model.set_requires_gradient_sync(micro == grad_acc - 1)  # type: ignore[operator]
-            with self._autocast():
-                prediction = self.model(x_t, timestep, text)
-            loss = FlowMatching.loss(prediction, target, weight)
+            loss = self._micro_loss(next(self.batches), iteration, micro)
             (loss / grad_acc).backward()
             total += loss.detach()
         max_norm = self.args.clip_grad if self.args.clip_grad > 0 else float("inf")
@@ -513,7 +546,7 @@ class Trainer:
             ckpt.save_checkpoint(
                 save_dir,
                 self.iteration,
-                model_sd,
+                model_sd if self.lora is not None else self._checkpoint_state(model_sd),  # (full on rank 0)
                 {} if args.no_save_optim else optim_sd,
                 [] if args.no_save_rng else states,
                 self.consumed,
@@ -568,7 +601,7 @@ class Trainer:
         return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, trainer: type[Trainer] = Trainer) -> int:
     args = parse_args(argv)
     device = pick_device(args.device, env_ranks().local_rank, bf16=args.bf16)
     info = init_distributed(device)
@@ -576,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         liveness.save_dir = Path(args.save) if args.save else None
         liveness.start()
-        code = Trainer(args, device, info).run(liveness)
+        code = trainer(args, device, info).run(liveness)
         liveness.finish()
         barrier()  # every rank done with its collectives before any tears its process group down
         return code

@@ -56,7 +56,7 @@ HINT_DEFAULTS = {
     "idempotent_hint": False,
     "open_world_hint": True,
 }
-TOOLS_LIST_BUDGET = 16_250  # characters of compact JSON every client reads before the first call (the crash workflow stays >= 5x)
+TOOLS_LIST_BUDGET = 16_350  # characters of compact JSON every client reads before the first call (the crash workflow stays >= 5x)
 
 
 def _hints(tool: Any) -> dict[str, bool]:

@@ -126,3 +126,25 @@ def test_condense_keeps_a_tracebacks_last_frame_and_exception() -> None:
         "KeyError: 'x'",
     ]
     assert condense(["  just indented", "text"]) == ["  just indented", "text"]  # no frames: kept as it is
+
+
+@pytest.mark.anyio
+async def test_a_rehearsal_route_says_the_demo_first_and_others_do_not(tmp_path: Path) -> None:
+    """Asked to try Qwen2.5-VL on this machine first, the answer's next step is the VLM demo; a request for
+    NPUs keeps install_deps next and carries neither `demo` nor `rehearse`."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with Client(build_server(ws)) as client:
+        vlm = await client.call_tool("route_model", {"request": "先在本机试跑Qwen2.5-VL微调，没有NPU"})
+        wan = await client.call_tool("route_model", {"request": "rehearse Wan2.1 text-to-video without NPUs"})
+        npus = await client.call_tool("route_model", {"request": "fine-tune Qwen2.5-VL-7B on 16 NPUs"})
+    for result, demo in ((vlm, "mm-agent demo --vlm"), (wan, "mm-agent demo")):
+        text = result.content[0].text  # type: ignore[union-attr]
+        assert f"Next: rehearse it here with `{demo}` (CLI)" in text, text
+        data = result.structured_content
+        assert data["parsed"]["rehearse"] is True and data["candidates"][0]["demo"] == demo  # type: ignore[index]
+        assert _cost(result) <= ANSWER_BUDGET
+    text = npus.content[0].text  # type: ignore[union-attr]
+    assert "Next: install_deps model=qwen2.5vl" in text and "mm-agent demo" not in text
+    assert "rehearse" not in npus.structured_content["parsed"]  # type: ignore[index]
+    assert "demo" not in npus.structured_content["candidates"][0]  # type: ignore[index]

@@ -315,6 +315,44 @@ async def test_prompts_render_the_workflows(
 
 
 @pytest.mark.anyio
+async def test_prompts_start_a_rehearsal_with_its_demo(workspace: Path) -> None:
+    """A request to try it on this machine first puts the routed model's demo before the steps: the VLM
+    demo for Qwen2.5-VL (English and Chinese), `mm-agent demo` for Wan; other requests get no such note."""
+    calls = [  # (prompt, request, the demo named, what it trains)
+        (
+            "finetune_vlm",
+            "try the Qwen2.5-VL fine-tuning pipeline on this machine first",
+            "--vlm",
+            "qwen2.5vl sft",
+        ),
+        ("finetune_vlm", "没有NPU，先在本机演练一下多模态理解微调", "--vlm", "qwen2.5vl sft"),
+        ("finetune_vlm", "rehearse a VLM LoRA without NPUs", "--vlm --lora", "qwen2.5vl lora"),
+        # Qwen3-VL has no demo: the workflow's own, named with what it trains
+        ("finetune_vlm", "try Qwen3-VL on this machine first", "--vlm", "qwen2.5vl sft"),
+        ("finetune_generative", "rehearse Wan2.1 text-to-video without NPUs", "", "wan2.1 t2v"),
+        ("finetune_vlm", "fine-tune Qwen2.5-VL-3B on my data", None, None),
+        ("finetune_generative", "fine-tune Wan2.1 t2v on 8 NPUs", None, None),
+    ]
+    paths = {
+        "finetune_vlm": {"dataset_file": "data/train.jsonl"},
+        "finetune_generative": {"dataset_dir": "data"},
+    }
+    async with Client(build_server(workspace), raise_exceptions=True) as client:
+        for name, request, flags, trains in calls:
+            got = await client.get_prompt(name, {"request": request, **paths[name]})
+            text = got.messages[0].content.text  # type: ignore[union-attr]
+            _assert_steps_in_order(text, PROMPTS[name])
+            if flags is None:
+                assert "First rehearse it" not in text, request
+            else:
+                demo = f"mm-agent demo {flags}".strip()
+                assert f"First rehearse it on this machine: run `{demo}` (CLI; {trains} on tiny" in text, (
+                    request
+                )
+                assert text.index(f"`{demo}`") < text.index("Steps (MCP tool"), request
+
+
+@pytest.mark.anyio
 async def test_prompt_arguments_validated(
     workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

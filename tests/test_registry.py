@@ -125,6 +125,8 @@ def _scripts(entry: ModelEntry) -> list[tuple[str, VersionRange, ScriptRef]]:
         out.append((f"{entry.id}.tasks.{i}.entry_script", task.versions, task.entry_script))
         if task.inference_script is not None:
             out.append((f"{entry.id}.tasks.{i}.inference_script", task.versions, task.inference_script))
+        if task.evaluation is not None:
+            out.append((f"{entry.id}.tasks.{i}.evaluation.script", task.versions, task.evaluation.script))
     return out
 
 

@@ -472,7 +472,7 @@ def test_stock_job_keeps_stock_values(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "field", "text"),
     [
-        ({"model": "qwen2.5vl", "task": "sft"}, "runtime", "qwen2.5vl sft is not one of them"),
+        ({"model": "qwen3vl", "task": "sft"}, "runtime", "qwen3vl sft is not one of them"),
         ({"task": "i2v"}, "runtime", "wan2.1 i2v is not one of them"),
         ({"model": "wan2.2", "size": "a14b"}, "runtime", "two experts"),
         ({"pp": 2}, "pp", "PP=2 is not supported"),
@@ -549,9 +549,9 @@ def test_bundled_pipeline_stages() -> None:
     online = build_pipeline(wan22, t2v, wan22.sizes[0], "26.0.0", runtime="bundled")
     assert online[4].stage == "feature_extraction" and not online[4].applies
 
-    qwen = reg.get("qwen2.5vl")
+    qwen3 = reg.get("qwen3vl")
     with pytest.raises(MMAgentError, match="not one of them"):
-        build_pipeline(qwen, qwen.tasks[0], qwen.sizes[0], "26.0.0", runtime="bundled")
+        build_pipeline(qwen3, qwen3.tasks[0], qwen3.sizes[0], "26.0.0", runtime="bundled")
 
 
 def test_route_shows_the_bundled_pipeline_where_it_applies() -> None:

@@ -408,3 +408,57 @@ def test_data_driven_env_and_flags_stay_plain_tokens(
             start = lines.index('GPT_ARGS="')
             for line in lines[start + 1 : lines.index('"', start + 1)]:
                 assert GPT_LINE.match(line), f"{script.name}: {line!r}"
+
+
+def _evaluate_config(tmp_path: Path, **fields: Any) -> dict[str, Any]:
+    out = render_job(RenderRequest(model="qwen2.5vl", task="sft", out_dir=str(tmp_path / "job"), **fields))
+    return json.loads(next(f.content for f in out.files if f.path == "evaluate_model.json") or "")
+
+
+def test_qwen25vl_eval_dataset_names_the_benchmark(tmp_path: Path) -> None:
+    """The benchmark evaluate.sh scores is told by the downloaded file's name (README 评测: ChartQA_TEST.tsv is
+    chartqa_test); by default the stock config's AI2D_TEST.tsv in the dataset folder."""
+    default = _evaluate_config(tmp_path, dataset_dir=str(tmp_path / "data"))
+    assert default["dataset_path"] == str(tmp_path / "data" / "AI2D_TEST.tsv")
+    assert default["evaluation_dataset"] == "ai2d_test"
+    chart = _evaluate_config(tmp_path, eval_dataset=str(tmp_path / "bench" / "ChartQA_TEST.tsv"))
+    assert chart["dataset_path"] == str(tmp_path / "bench" / "ChartQA_TEST.tsv")
+    assert chart["evaluation_dataset"] == "chartqa_test"
+    assert chart["result_output_path"] == str(tmp_path / "job" / "evaluation_outputs") + "/"
+
+
+def test_eval_dataset_refusals_name_the_field(tmp_path: Path) -> None:
+    """A file that is none of the README's benchmarks, a job without an evaluation stage, and (over MCP) a
+    benchmark outside the workspace are refused naming eval_dataset, with the download links in the fix."""
+    from mm_agent.errors import MMAgentError
+
+    with pytest.raises(MMAgentError) as err:
+        _evaluate_config(tmp_path, eval_dataset=str(tmp_path / "my_bench.tsv"))
+    assert err.value.field == "eval_dataset" and "AI2D_TEST.tsv (https://" in (err.value.fix or "")
+    with pytest.raises(MMAgentError) as err:
+        render_job(
+            RenderRequest(model="wan2.1", task="t2v", out_dir="j", eval_dataset="AI2D_TEST.tsv"),
+            root=tmp_path,
+        )
+    assert err.value.field == "eval_dataset"
+    with pytest.raises(MMAgentError) as err:
+        render_job(
+            RenderRequest(
+                model="qwen2.5vl", task="sft", out_dir="j", eval_dataset="/elsewhere/AI2D_TEST.tsv"
+            ),
+            root=tmp_path,
+        )
+    assert err.value.field == "eval_dataset"
+
+
+def test_qwen25vl_32b_inference_spans_its_training_nodes(tmp_path: Path) -> None:
+    """32B trains with TP 2 x PP 8 on two 8-NPU nodes: inference.sh and evaluate.sh run that split on 2 nodes (the
+    environment names the node, as for finetune.sh); 7B's TP 1 x PP 2 runs on one node, 2 processes."""
+    for size, npus, nodes in (("32b", "8", 'NNODES="${NNODES:-2}"'), ("7b", "2", "NNODES=1")):
+        out = render_job(
+            RenderRequest(model="qwen2.5vl", task="sft", size=size, out_dir=str(tmp_path / size))
+        )
+        files = {f.path: f.content or "" for f in out.files}
+        for script in ("inference.sh", "evaluate.sh"):
+            assert f"NPUS_PER_NODE={npus}\n" in files[script] and nodes in files[script], (size, script)
+        assert any(s.endswith("evaluate.sh") or "evaluate.sh " in s for s in out.next_steps), out.next_steps

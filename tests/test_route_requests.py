@@ -5,16 +5,18 @@ unknown models and impossible tasks. Every case runs through route_model AND `mm
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_agent.cli import main
+from mm_agent.cli import build_parser, main
 from mm_agent.errors import MMAgentError
+from mm_agent.jobspec import bundled_refusal
 from mm_agent.registry import get_registry
 from mm_agent.registry.hardware import HARDWARE_FILE, load_hardware, load_hardware_file
-from mm_agent.route import RouteRequest, RouteResult, route_model
+from mm_agent.route import RouteRequest, RouteResult, load_vocabulary, route_model
 
 
 def cli(capsys: pytest.CaptureFixture[str], text: str, *flags: str) -> dict[str, Any]:
@@ -352,3 +354,142 @@ def test_a_lora_of_a_named_task_is_the_lora_job(
     (result,) = both(capsys, text)
     top = result["candidates"][0]
     assert top["task"] == "lora" and (model is None or top["model_id"] == model), top
+
+
+# "Try it on this machine first" (issue 27, item 5): (request, model, task, demo command). The VLM ones name
+# the Qwen2.5-VL demo, the Wan ones keep naming `mm-agent demo`.
+REHEARSALS = [
+    (
+        "try the Qwen2.5-VL fine-tuning pipeline on this machine first",
+        "qwen2.5vl",
+        "sft",
+        "mm-agent demo --vlm",
+    ),
+    ("rehearse VLM fine-tuning without NPUs", "qwen2.5vl", "sft", "mm-agent demo --vlm"),
+    ("rehearse Qwen2.5-VL LoRA without an NPU", "qwen2.5vl", "lora", "mm-agent demo --vlm --lora"),
+    ("没有NPU，先在本机演练一下Qwen2.5-VL微调", "qwen2.5vl", "sft", "mm-agent demo --vlm"),
+    ("先在这台机器上试跑多模态理解微调", "qwen2.5vl", "sft", "mm-agent demo --vlm"),
+    ("没有昇腾卡，想先预演一下视觉语言模型的LoRA微调", "qwen2.5vl", "lora", "mm-agent demo --vlm --lora"),
+    ("try Wan2.1 text-to-video on this machine first", "wan2.1", "t2v", "mm-agent demo"),
+    ("rehearse text-to-video fine-tuning without NPUs", "wan2.1", "t2v", "mm-agent demo"),
+    ("在本机预演文生视频 LoRA", "wan2.1", "lora", "mm-agent demo --lora"),
+]
+
+
+@pytest.mark.parametrize(("text", "model", "task", "demo"), REHEARSALS)
+def test_a_rehearsal_request_names_the_demo_of_its_model(
+    capsys: pytest.CaptureFixture[str], text: str, model: str, task: str, demo: str
+) -> None:
+    (r,) = both(capsys, text)
+    assert r["parsed"]["rehearse"] and r["question"] is None, r["question"]
+    top = r["candidates"][0]
+    assert (top["model_id"], top["task"], top["demo"]) == (model, task, demo)
+    assert f"`{demo}`" in top["explanation"]
+    # runtime=bundled is offered exactly where render_job's runtime check accepts the model
+    entry = get_registry().models[model]
+    spec = next(t for t in entry.tasks if t.id == task and t.backend == top["backend"])
+    size = next(s for s in entry.sizes if s.id == top["size"])
+    assert ("runtime=bundled trains it here" in top["explanation"]) == (
+        bundled_refusal(entry, spec, size) is None
+    )
+    assert r["parsed"]["npus"] is None and r["parsed"]["nodes"] is None  # "without NPUs" is no count
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "fine-tune Qwen2.5-VL-7B on 2 nodes with 8 NPUs each",
+        "wan2.1 t2v on 2 machines with 8 NPUs each",
+        "fine-tune Wan2.1 text-to-video on my videos",  # the demo's own request
+        "把Qwen2.5-VL做多模态理解微调",
+    ],
+)
+def test_a_request_for_npus_gets_no_demo(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    (r,) = both(capsys, text)
+    assert not r["parsed"]["rehearse"]
+    assert all(c["demo"] is None and "rehearse" not in c["explanation"] for c in r["candidates"])
+
+
+def test_a_rehearsal_of_a_model_without_a_demo_keeps_the_model_and_lists_the_demos(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (r,) = both(capsys, "try Qwen3-VL on this machine first")
+    top = r["candidates"][0]
+    assert top["model_id"] == "qwen3vl" and top["demo"] is None
+    assert "no demo rehearses qwen3vl" in top["explanation"] and "`mm-agent demo --vlm`" in top["explanation"]
+    (omni,) = both(
+        capsys, "rehearse an omni model without NPUs"
+    )  # a demo never outranks the family asked for
+    assert all(c["model_id"] not in {"wan2.1", "qwen2.5vl"} for c in omni["candidates"])
+
+
+def test_an_open_rehearsal_asks_which_model_and_names_every_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    (r,) = both(capsys, "try the pipeline on this machine first")
+    assert r["question"] and r["parsed"]["rehearse"]
+    for demo in (
+        "`mm-agent demo`",
+        "`mm-agent demo --lora`",
+        "`mm-agent demo --vlm`",
+        "`mm-agent demo --vlm --lora`",
+    ):
+        assert demo in r["question"]
+    assert {c["model_id"] for c in r["candidates"][:2]} == {"wan2.1", "qwen2.5vl"}
+
+
+def test_every_demo_is_a_registered_task_and_a_real_demo_command() -> None:
+    """vocabulary.yaml's demos: the model and task exist, and the command parses with `mm-agent demo`'s own
+    parser into the flags that run that model (--vlm for a VLM) and task (--lora for lora)."""
+    reg, parser = get_registry(), build_parser()
+    demos = load_vocabulary().rehearsal.demos
+    assert {(d.model, d.task) for d in demos} >= {("wan2.1", "t2v"), ("qwen2.5vl", "sft")}
+    for d in demos:
+        entry = reg.models[d.model]
+        assert any(t.id == d.task for t in entry.tasks), d
+        args = parser.parse_args(shlex.split(d.command)[1:])
+        assert args.lora == (d.task == "lora"), d
+        assert args.vlm == (entry.skill == "mindspeed-mm-vlm"), d
+
+
+@pytest.mark.parametrize("task", ["sft", "lora"])
+def test_the_bundled_pipeline_of_qwen25vl_is_the_vlm_s(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, task: str
+) -> None:
+    """Where a rehearsal points (runtime=bundled for Qwen2.5-VL), the eight stages are the VLM's: the HF
+    folder itself is converted and exported (no Wan `transformer/`, VAE, mp4 or WanConverter), every mm-agent
+    line parses with the CLI's parser, and the scripts named are the ones render_job writes for that job."""
+    (r,) = both(capsys, f"qwen2.5vl 3b {task}", "--runtime", "bundled", runtime="bundled")
+    top = r["candidates"][0]
+    assert (top["model_id"], top["task"], top["runtime"]) == ("qwen2.5vl", task, "bundled")
+    assert "runtime.vlm_train" in top["explanation"] and "encodes online" not in top["explanation"]
+    stages = {s["stage"]: s for s in top["pipeline"]}
+    said = json.dumps([s for s in top["pipeline"] if s["stage"] != "env_setup"])  # (env: the runtime extra)
+    for wan in (
+        "/transformer",
+        "VAE",
+        "mp4",
+        "WanConverter",
+        "diffusers",
+        "runtime.sample",
+        "runtime.extract",
+    ):
+        assert wan not in said, wan
+    hf = "weights/Qwen/Qwen2.5-VL-3B-Instruct"
+    convert = f"mm-agent convert Qwen2_5_VLConverter hf_to_mm --source {hf} --target {hf}-mm --yes"
+    assert convert in stages["weights"]["commands"]
+    assert not stages["feature_extraction"]["applies"]
+    export = stages["export"]["commands"][0]
+    assert export.startswith("mm-agent convert Qwen2_5_VLConverter mm_to_hf") and f"--hf-dir {hf} " in export
+    parser = build_parser()
+    lines = [c for s in top["pipeline"] for c in s["commands"] if c.startswith("mm-agent ")]
+    assert len(lines) >= 5
+    for line in lines:
+        parser.parse_args(shlex.split(line)[1:])  # exits (fails the test) on a flag the CLI lacks
+    from mm_agent.render import RenderRequest, render_job
+
+    rendered = render_job(
+        RenderRequest(model="qwen2.5vl", task=task, size="3b", runtime="bundled", out_dir="jobs/q"),
+        root=tmp_path,
+    )
+    written = {f.path for f in rendered.files}
+    for stage in top["pipeline"]:
+        assert set(stage["scripts"]) <= written, (stage["stage"], stage["scripts"], written)

@@ -186,3 +186,27 @@ def test_9_hccl_bind_errors_are_fixed_with_hccl_ports_not_master_port() -> None:
     signatures = text(TROUBLE, "references/signatures.md")
     (row,) = rows(signatures, "hccl_host_port_in_use")
     assert "HCCL_IF_BASE_PORT" in row[-1] and "MASTER_PORT" not in row[-1]
+
+
+def test_a_rehearsal_is_routed_to_the_demo_of_its_family() -> None:
+    """Issue 27: "try the VLM pipeline on this machine first" leads to `mm-agent demo --vlm` (router table,
+    router rule, the VLM skill's description and decisions); the generative skill keeps `mm-agent demo`.
+    The demos and what runtime=bundled trains come from route_model's vocabulary and render_job's check."""
+    from mm_agent.route import load_vocabulary
+    from mm_agent.skills.context import bundled_tasks
+
+    router, vlm, gen = text(ROUTER), text(VLM), text(GEN)
+    for d in load_vocabulary().rehearsal.demos:
+        assert f"`{d.command}` ({d.model} {d.task})" in router, d
+    (row,) = rows(router, '"try Qwen2.5-VL sft on this machine first"')
+    assert row[1:] == ["`mindspeed-mm-vlm`", "`mm-agent demo --vlm` (CLI), then `finetune-vlm`"]
+    (row,) = rows(router, '"try Wan2.1 t2v on this machine first"')
+    assert row[1:] == ["`mindspeed-mm-generative`", "`mm-agent demo` (CLI), then `finetune-generative`"]
+    assert (
+        f"`runtime=bundled` then trains real data on CPU/GPU: {', '.join(bundled_tasks(get_registry()))}."
+        in router
+    )
+    description = vlm.split("---")[1]
+    assert "on this machine first without NPUs (mm-agent demo --vlm" in description
+    assert "- **Rehearse first**" in vlm and "`mm-agent demo --vlm --lora`" in vlm
+    assert "`mm-agent demo`, `mm-agent demo --lora`" in gen and "--vlm" not in gen

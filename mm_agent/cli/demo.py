@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from mm_agent.demo import STAGES, DemoReport, DemoRequest, StageEvent, run_demo
+from mm_agent.demo_vlm import VLM_DEFAULTS, VLM_STAGES, run_vlm_demo
 
 from .output import add_json_flag, console, option_error, print_json
 
@@ -23,8 +24,11 @@ def add_parser(sub: Any) -> None:
         help="run the whole pipeline end to end on synthetic data (about 2 minutes on 2 CPU cores)",
         description="Synthesise a small video-caption dataset and tiny Wan2.1 weights, then route, render "
         "(bundled runtime), validate, convert hf_to_mm, extract features and train (torchrun), sample an "
-        "mp4 and diagnose the training log, through the same functions the MCP tools call.",
-        epilog="examples: mm-agent demo; mm-agent demo --dir /tmp/demo --clips 4 --iters 20 --json; mm-agent demo --lora",
+        "mp4 and diagnose the training log, through the same functions the MCP tools call. With --vlm: "
+        "images and questions and tiny Qwen2.5-VL weights; convert, measure held-out accuracy, train, "
+        "evaluate, export mm_to_hf, answer with transformers' generate, and diagnose.",
+        epilog="examples: mm-agent demo; mm-agent demo --dir /tmp/demo --clips 4 --iters 20 --json; "
+        "mm-agent demo --lora; mm-agent demo --vlm; mm-agent demo --vlm --lora",
     )
     p.add_argument(
         "--dir",
@@ -33,10 +37,14 @@ def add_parser(sub: Any) -> None:
         "a non-empty directory that is not a demo directory is refused",
     )
     p.add_argument(
-        "--clips", type=int, default=_DEFAULTS.clips, help=f"synthetic clips (default {_DEFAULTS.clips})"
+        "--clips",
+        type=int,
+        help=f"synthetic clips (default {_DEFAULTS.clips}); --vlm: training images (default {VLM_DEFAULTS['clips']})",
     )
     p.add_argument(
-        "--iters", type=int, default=_DEFAULTS.iters, help=f"training iterations (default {_DEFAULTS.iters})"
+        "--iters",
+        type=int,
+        help=f"training iterations (default {_DEFAULTS.iters}; --vlm: {VLM_DEFAULTS['iters']})",
     )
     p.add_argument(
         "--nproc", type=int, default=_DEFAULTS.nproc, help=f"torchrun processes (default {_DEFAULTS.nproc})"
@@ -53,6 +61,11 @@ def add_parser(sub: Any) -> None:
         help="train a LoRA adapter on the frozen base (MindSpeed-MM's --lora-* flags) and measure a short "
         "full fine-tune of the same job beside it (trainable share, peak memory, step time)",
     )
+    p.add_argument(
+        "--vlm",
+        action="store_true",
+        help="rehearse Qwen2.5-VL fine-tuning (images of shapes + questions, tiny weights; with --lora: an adapter)",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -61,13 +74,9 @@ def _request(args: argparse.Namespace) -> DemoRequest:
     from pydantic import ValidationError
 
     try:
+        given = {k: v for k, v in (("clips", args.clips), ("iters", args.iters)) if v is not None}
         return DemoRequest(
-            dir=args.dir,
-            clips=args.clips,
-            iters=args.iters,
-            nproc=args.nproc,
-            device=args.device,
-            lora=args.lora,
+            dir=args.dir, nproc=args.nproc, device=args.device, lora=args.lora, vlm=args.vlm, **given
         )
     except ValidationError as exc:
         raise option_error(exc, "demo") from None
@@ -90,6 +99,8 @@ def print_summary(report: DemoReport) -> None:
     a = report.artifacts
     for label, path in (
         ("sample", a.sample),
+        ("exported model", a.exported),
+        ("held-out answers", a.evaluation),
         ("loss curve", a.loss_curve),
         ("checkpoint", a.checkpoint),
         ("training log", a.train_log),
@@ -102,6 +113,12 @@ def print_summary(report: DemoReport) -> None:
         out.print(
             f"  loss {report.loss_first:.4f} -> {report.loss_last:.4f} "
             f"(mean of the first and last {report.loss_window} logged losses)",
+            markup=False,
+        )
+    if report.accuracy_before is not None and report.accuracy_after is not None:
+        out.print(
+            f"  held-out exact match {100 * report.accuracy_before:.0f}% -> {100 * report.accuracy_after:.0f}% "
+            f"({report.heldout} questions)",
             markup=False,
         )
     if report.lora is not None:
@@ -139,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     )
     with Progress(*columns, console=out, transient=False, expand=True) as bar:
         tasks: dict[str, TaskID] = {
-            name: bar.add_task(name, total=1, start=False, mark="·", count="", detail="") for name in STAGES
+            name: bar.add_task(name, total=1, start=False, mark="·", count="", detail="")
+            for name in (VLM_STAGES if req.vlm else STAGES)
         }
 
         def on_event(event: StageEvent) -> None:
@@ -157,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task, mark="✓" if ok else "✗", detail=event.detail, total=1, completed=int(ok))
                 bar.stop_task(task)
 
-        report = run_demo(req, on_event)
+        report = (run_vlm_demo if req.vlm else run_demo)(req, on_event)
     if args.json:
         print_json(report)
     else:

@@ -43,6 +43,8 @@ _HELP = {
     "text_len": "tokens per caption (the tokenizer's model_max_length and the predictor's text_len)",
     "save_path": "where training saves checkpoints (default: <job dir>/checkpoints)",
     "device": "bundled runtime device (auto: NPU, else CUDA, else CPU)",
+    "eval_dataset": "the benchmark TSV evaluate.sh scores, named as MindSpeed-MM's README downloads it: AI2D_TEST.tsv, "
+    "MMMU_DEV_VAL.tsv, DocVQA_VAL.tsv or ChartQA_TEST.tsv (default: <dataset-dir>/AI2D_TEST.tsv; Qwen2.5-VL SFT)",
     "launcher": "also write a launcher that starts training on every node: pdsh (launch_all.sh HOSTFILE), "
     "ascendjob (ascendjob.yaml, Ascend Operator), volcano (volcano_job.yaml) or slurm (slurm.sbatch); "
     "see docs/launchers.md",

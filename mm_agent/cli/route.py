@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
         "--runtime",
         choices=["mindspeed-mm", "bundled"],
         default="mindspeed-mm",
-        help="pipeline for MindSpeed-MM's scripts or mm-agent's bundled runtime (Wan-family t2v)",
+        help="pipeline for MindSpeed-MM's scripts or mm-agent's bundled runtime (Wan-family t2v, Qwen2.5-VL)",
     )
     p.add_argument(
         "--detail", action="store_true", help="every candidate's pipeline in --json (default: the best one's)"

@@ -1,4 +1,4 @@
-"""`mm-agent extract|train|sample JOB_DIR`: run a stage of a rendered job (dry run unless --yes).
+"""`mm-agent extract|train|sample|evaluate JOB_DIR`: run a stage of a rendered job (dry run unless --yes).
 
 Like `mm-agent convert`: without `--yes` it checks the job and prints the command, environment and port
 it would use; with `--yes` it starts the stage as a supervised background run and prints its id.
@@ -24,7 +24,8 @@ from .output import add_json_flag, console, option_error, print_json
 _HELP: dict[Stage, str] = {
     "extract": "extract video/text features for a rendered job (torchrun; dry run unless --yes)",
     "train": "train a rendered job (torchrun; dry run unless --yes)",
-    "sample": "sample videos from a rendered job's trained checkpoint (dry run unless --yes)",
+    "sample": "run a rendered job's inference on its trained checkpoint (dry run unless --yes)",
+    "evaluate": "evaluate a rendered job's trained checkpoint on its evaluation set (dry run unless --yes)",
 }
 
 
@@ -38,7 +39,7 @@ def add_parser(sub: Any) -> None:
             epilog=f"examples: mm-agent {stage} jobs/wan; mm-agent {stage} jobs/wan --yes --wait",
         )
         p.add_argument("job_dir", help="rendered job directory (with job.yaml)")
-        if stage != "sample":
+        if stage in ("extract", "train"):
             p.add_argument("--nproc", type=int, help="processes per node (default: the job's NPUS_PER_NODE)")
         p.add_argument(
             "--env",

@@ -81,7 +81,7 @@ def estimate_once(req: EstimateRequest, job: JobFacts | None = None) -> Estimate
     (default: the bundled one where the device trains in fp32, i.e. on CPU, else MindSpeed-MM). `job`: what a
     job fixes beyond the request (its runtime, its own PP, the depth its model config builds)."""
     entry, size, task = _pick(req)
-    shape = model_shape(entry, size)
+    shape = model_shape(entry, size, job.arch if job is not None else None)
     depth_note = None
     stock_depth = size.arch.get("num_layers")
     if job is not None and job.layers and isinstance(stock_depth, int) and job.layers != stock_depth:

@@ -57,30 +57,61 @@ def _scripts(job_dir: Path, root: Path | None, spec: JobSpec) -> tuple[str, Path
         return "", mm_root  # no checkout here (or outside the roots): the stock layout from the registry
 
 
-def _model_layers(script: str, job_dir: Path, mm_root: Path | None, root: Path | None) -> int | None:
-    """`predictor.num_layers` of the model config the training script passes (`MM_MODEL`): the depth the job
-    builds, which a stock example may cut (Wan2.1-14B DPO trains 8 of the 40 layers)."""
+def _model_config(script: str, job_dir: Path, mm_root: Path | None, root: Path | None) -> dict[str, Any]:
+    """The model config the training script passes (`MM_MODEL`), {} when it cannot be read here."""
     found = _MM_MODEL.search(script)
     if not found:
-        return None
+        return {}
     try:
         value = shlex.split(found.group(1))[0]  # "$MM_ROOT"/'examples/...json' -> $MM_ROOT/examples/...json
     except (ValueError, IndexError):
-        return None
+        return {}
     for name, base in (("$JOB_DIR", job_dir), ("$MM_ROOT", mm_root)):
         if value.startswith(name + "/") and base is not None:
             value = str(base) + value.removeprefix(name)
     path = Path(value)
     if not path.is_absolute():  # a stock script runs from its checkout
         if mm_root is None:
-            return None
+            return {}
         path = mm_root / path
     try:
-        predictor = json.loads(_text(path, root)).get("predictor", {})
-    except (MMAgentError, ValueError, AttributeError):
-        return None
+        config = json.loads(_text(path, root))
+    except (MMAgentError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _model_layers(config: dict[str, Any]) -> int | None:
+    """`predictor.num_layers`: the depth the job builds, which a stock example may cut (Wan2.1-14B DPO trains 8
+    of the 40 layers)."""
+    predictor = config.get("predictor", {})
     layers = predictor.get("num_layers") if isinstance(predictor, dict) else None
     return layers if isinstance(layers, int) and layers > 0 else None
+
+
+# registry arch name -> the Qwen2.5-VL model.json key that sizes it
+_VLM_ARCH = {
+    "llm_layers": "text_decoder.num_layers", "llm_hidden": "text_decoder.hidden_size",
+    "llm_ffn": "text_decoder.ffn_hidden_size", "llm_heads": "text_decoder.num_attention_heads",
+    "num_query_groups": "text_decoder.num_query_groups", "vocab_size": "text_decoder.vocab_size",
+    "vit_layers": "image_encoder.vision_encoder.num_layers", "vit_hidden": "image_encoder.vision_encoder.hidden_size",
+    "vit_ffn": "image_encoder.vision_encoder.ffn_hidden_size",
+    "vit_heads": "image_encoder.vision_encoder.num_attention_heads",
+}  # fmt: skip
+
+
+def _vlm_arch(config: dict[str, Any]) -> dict[str, int] | None:
+    """The network a Qwen2.5-VL model config builds, in registry arch names (a bundled job sized from its
+    weights is not the size's published network); None unless every dimension is there."""
+    out: dict[str, int] = {}
+    for name, dotted in _VLM_ARCH.items():
+        node: Any = config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, int) or isinstance(node, bool) or node <= 0:
+            return None
+        out[name] = node
+    return out
 
 
 def _find_shape(value: Any, out: dict[str, int]) -> None:
@@ -128,6 +159,7 @@ class JobFacts:
     runtime: Runtime
     pp: int | None = None
     layers: int | None = None  # the model config's predictor.num_layers
+    arch: dict[str, int] | None = None  # a VLM's dimensions as its model config builds them (vlm_arch)
 
 
 def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateRequest, JobFacts]:
@@ -176,5 +208,11 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
         values[key] = values[key] or value
     given = req.model_dump(exclude_none=True, exclude={"job_dir"})
     filled = EstimateRequest.model_validate({k: v for k, v in values.items() if v is not None} | given)
-    layers = _model_layers(script, job_dir, mm_root, root)
-    return filled, JobFacts(runtime=spec.runtime, pp=spec.pp or assigned.get("PP"), layers=layers)
+    config = _model_config(script, job_dir, mm_root, root)
+    facts = JobFacts(
+        runtime=spec.runtime,
+        pp=spec.pp or assigned.get("PP"),
+        layers=_model_layers(config),
+        arch=_vlm_arch(config),
+    )
+    return filled, facts

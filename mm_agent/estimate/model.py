@@ -184,11 +184,12 @@ def _qwen_vlm(arch: dict[str, Any]) -> tuple[Tower, Tower]:
     return Tower(llm, llm, layers, h, f), Tower(vit, vit, vl, vh, vf)
 
 
-def model_shape(entry: ModelEntry, size: SizeSpec) -> ModelShape:
-    """The shape of `entry`'s `size`; an error names the model when nothing gives its parameter count."""
+def model_shape(entry: ModelEntry, size: SizeSpec, arch: dict[str, Any] | None = None) -> ModelShape:
+    """The shape of `entry`'s `size` (`arch`: dimensions a job's own model config builds, over the size's);
+    an error names the model when nothing gives its parameter count."""
     data = load_shapes().models.get(entry.id)
     kind: Kind = data.kind if data else ("vlm" if entry.family == "vlm" else "video")
-    arch = size.arch
+    arch = {**size.arch, **arch} if arch else size.arch
     experts = int(arch.get("experts", 2 if size.id.startswith("a") and entry.family == "generative" else 1))
     vit: Tower | None = None
     if {"hidden_size", "ffn_dim", "num_layers"} <= set(arch):

@@ -37,11 +37,15 @@ class LayoutFit(BaseModel):
 
 
 def fit_layout(
-    req: EstimateRequest, *, runtime: Runtime | None = None, cp_ok: Callable[[int], bool] = lambda cp: False
+    req: EstimateRequest,
+    *,
+    runtime: Runtime | None = None,
+    cp_ok: Callable[[int], bool] = lambda cp: False,
+    arch: dict[str, int] | None = None,
 ) -> LayoutFit | None:
     """The layout for `req.npus`; None when the model is not one the estimator covers. `cp_ok(cp)` says
     whether this job can take that CP (the runtime has CP, the heads divide)."""
-    job = JobFacts(runtime=runtime) if runtime else None
+    job = JobFacts(runtime=runtime, arch=arch) if runtime else None
     try:
         cur = estimate_once(req, job)
     except MMAgentError:

@@ -16,8 +16,8 @@ from mm_agent.fields import PathText, one_line
 from mm_agent.runs import RUN_ID_PATTERN, RunProgress
 
 STAGE_FILE, STOP_FILE = "stage.json", "stop.json"  # in the run dir, next to mm_agent.runs' files
-Stage = Literal["extract", "train", "sample"]
-STAGES: tuple[Stage, ...] = ("extract", "train", "sample")
+Stage = Literal["extract", "train", "sample", "evaluate"]
+STAGES: tuple[Stage, ...] = ("extract", "train", "sample", "evaluate")
 Runtime = Literal["mindspeed-mm", "bundled"]
 JobState = Literal["running", "succeeded", "failed", "stopped", "killed"]
 EndState = Literal["succeeded", "failed", "stopped"]

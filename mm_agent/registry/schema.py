@@ -341,6 +341,28 @@ class SizeSpec(_Frozen):
         }
 
 
+class EvalBenchmark(_Frozen):
+    """A benchmark MindSpeed-MM's evaluation entry scores: the `evaluation_dataset` name its eval_datasets /
+    eval_impl tables know, and the TSV file the model README links for download."""
+
+    id: str = Field(pattern=r"^[a-z0-9_]+$", description="evaluation_dataset value, e.g. ai2d_test")
+    file: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+\.tsv$", description="the downloaded file's name, e.g. AI2D_TEST.tsv"
+    )
+    url: HttpsUrl
+
+
+class Evaluation(_Frozen):
+    """How a task's trained checkpoint is evaluated with MindSpeed-MM (evaluate.sh + evaluate_model.json)."""
+
+    script: ScriptRef = Field(description="the evaluation entry, relative to the MindSpeed-MM root")
+    model: str = Field(
+        pattern=r"^[a-z0-9_]+$",
+        description="evaluation_model: the key of eval_pipeline_dict that builds the pipeline",
+    )
+    benchmarks: list[EvalBenchmark] = Field(min_length=1, description="the first is the stock config's")
+
+
 class TrainDefaults(_Frozen):
     """The stock launcher's training length, learning rate, DataLoader workers and checkpoint interval: what a
     job renders when the request leaves the field unset (None = mm-agent's generic value, jobspec.py)."""
@@ -370,6 +392,9 @@ class TaskSpec(_Frozen):
         "(e.g. LoRA arguments added to the SFT script); None: the script alone is the task",
     )
     inference_script: ScriptRef | None = None
+    evaluation: Evaluation | None = Field(
+        default=None, description="the README's evaluation of the trained checkpoint (evaluate.sh), if any"
+    )
     weights_of: TaskId | None = Field(
         default=None,
         description="the task whose Hugging Face repo (of the size's hf_ids) this task starts from, e.g. "

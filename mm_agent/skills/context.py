@@ -166,16 +166,34 @@ def words(items: Iterable[Any]) -> str:
     return " and ".join(parts) if len(parts) < 3 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def bundled_tasks(registry: Registry) -> list[str]:
+    """The "model task" pairs the bundled runtime trains (a size accepted by `jobspec.bundled_refusal`), so
+    the skills say what `runtime=bundled` runs exactly as render_job decides it."""
+    from mm_agent.jobspec import bundled_refusal
+
+    return sorted(
+        {
+            f"{m.id} {t.id}"
+            for m in registry.models.values()
+            for t in m.tasks
+            if any(bundled_refusal(m, t, s) is None for s in m.sizes)
+        }
+    )
+
+
 def skill_context() -> dict[str, Any]:
     """The template context (contract K2): registry, default_version, workflows, tools, signatures, cli,
-    native, launchers.
+    native, launchers, rehearsal, bundled.
 
     `cli` maps a tool name to the CLI command of its first workflow step (scenario order), the command an
     assistant without MCP, or a person, types instead of the tool call. `native` maps each converter that
     `convert_weights` runs itself to its methods, so the skills cannot drift from `mm_agent.convert`;
-    `launchers` maps each render_job launcher to the file it writes."""
+    `launchers` maps each render_job launcher to the file it writes. `rehearsal` is route_model's
+    vocabulary of "try it on this machine first" (its words and the demo of each model and task);
+    `bundled` lists the "model task" pairs runtime=bundled trains."""
     from mm_agent.convert.plan import NATIVE
     from mm_agent.jobspec import LAUNCHER_FILES
+    from mm_agent.route import load_vocabulary
     from mm_agent.skills.workflows import load_workflows
 
     registry = get_registry()
@@ -189,4 +207,6 @@ def skill_context() -> dict[str, Any]:
         "cli": workflows.cli_for_tools(),
         "native": {conv: sorted(methods) for conv, methods in NATIVE.items()},
         "launchers": dict(LAUNCHER_FILES),
+        "rehearsal": load_vocabulary().rehearsal,
+        "bundled": bundled_tasks(registry),
     }

@@ -333,3 +333,17 @@ def test_validate_cli_with_mm_root_accepts_a_good_job_and_rejects_one_without_mi
     assert Path(rejected["file"]) == script.resolve()
     assert rejected["severity"] == "error" and rejected["field"] == "--micro-batch-size", rejected
     assert "micro_batch_size" in rejected["message"] and "--micro-batch-size" in rejected["fix"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_qwen25vl_inference_and_evaluation_of_every_size_are_judged(
+    verdicts: dict[str, tuple[Capture, ParserReport]], version: str
+) -> None:
+    """inference.sh (inference_vlm.py) and evaluate.sh (evaluate_vlm.py) of every Qwen2.5-VL size, 3B and 32B
+    adapted from the 7B scripts, reach MindSpeed-MM's parser and pass it (the test above fails any rejection)."""
+    _, report = verdicts[version]
+    judged = {v.id.split("#")[0]: v for v in report.verdicts if v.judged}
+    for size in ("3b", "7b", "32b", "72b"):
+        for script in ("inference.sh", "evaluate.sh"):
+            key = f"qwen2.5vl-sft-megatron-{size}-{version}/{script}"
+            assert key in judged and judged[key].ok, (key, judged.get(key))

@@ -187,6 +187,9 @@ def claims_of(entry: ModelEntry) -> list[Claim]:
         if task.inference_script is not None:
             inf = task.inference_script
             out.append(Claim(f"{t}.inference_script", [inf.path], inf.versions, [m, tv]))
+        if task.evaluation is not None:
+            ev = task.evaluation.script
+            out.append(Claim(f"{t}.evaluation.script", [ev.path], ev.versions, [m, tv]))
         if task.feature_extraction is not None:
             fe = task.feature_extraction
             out.append(Claim(f"{t}.feature_extraction", [fe.script, fe.example_dir], fe.versions, [m, tv]))

@@ -339,14 +339,28 @@ def _at(cmds: list[Launch], where: _REF) -> str | None:
     return values[i] if values is not None and i < len(values) else None
 
 
-def _companion_scripts(stock: Path, files: dict[str, str]) -> dict[str, Path]:
-    """Rendered scripts besides the launcher and their stock files (inference.sh -> inference_<...>.sh)."""
+# A size whose release has no inference/evaluation script of its own adapts this size's (README 推理 / 评测 of
+# examples/qwen2.5vl: "根据实际情况修改examples/qwen2.5vl/inference_qwen2_5_vl_7b.json和...sh中的路径配置"): its
+# rendered scripts are compared with that one, the size's own numbers declared as deviations.
+ADAPTED_FROM = {"qwen2.5vl": "7b"}
+
+
+def _companion_scripts(
+    stock: Path, files: dict[str, str], *, size: str = "", model: str = ""
+) -> dict[str, Path]:
+    """Rendered scripts besides the launcher and their stock files (inference.sh -> inference_<...>.sh,
+    evaluate.sh -> evaluate_<...>.sh; a size without its own takes the ADAPTED_FROM size's)."""
     out: dict[str, Path] = {}
-    if "inference.sh" in files:
-        name = re.sub(r"^(finetune|pretrain|train)", "inference", stock.name)
+    for rendered, prefix in (("inference.sh", "inference"), ("evaluate.sh", "evaluate")):
+        if rendered not in files:
+            continue
+        name = re.sub(r"^(finetune|pretrain|train)", prefix, stock.name)
         candidate = stock.with_name(name)
+        adapted = ADAPTED_FROM.get(model)
+        if not candidate.is_file() and adapted and size:
+            candidate = stock.with_name(re.sub(rf"(?<![0-9.]){re.escape(size)}(?![0-9a-z])", adapted, name))
         if candidate != stock and candidate.is_file():
-            out["inference.sh"] = candidate
+            out[rendered] = candidate
     return out
 
 
@@ -389,7 +403,7 @@ def compare_case(trees: MMTrees, model: str, task: str, backend: str, size: str,
             if name not in stock_vars and name not in CUSTOM_PLUMBING:
                 res.diffs.append(Difference(launcher, name, value, ABSENT))
         return res
-    scripts = {launcher: stock, **_companion_scripts(stock, files)}
+    scripts = {launcher: stock, **_companion_scripts(stock, files, size=size, model=model)}
     # (rendered file, section) -> stock file; a yaml passed as --mm-data / --mm-model is read by MindSpeed-MM for
     # its `data` / `model` section only (read_yaml_config.py passes the yaml for both)
     pairs: dict[tuple[str, str], Path] = {}
@@ -524,3 +538,132 @@ def test_qwen25vl_inference_image_exists_in_its_version(mm_tree: MMTrees) -> Non
         )
         rendered = json.loads(next(f.content for f in out.files if f.path == "inference_model.json") or "")
         assert rendered["image_path"] == str(JOBS / "MindSpeed-MM" / stock["image_path"]), version
+
+
+# Keys where a Qwen2.5-VL inference/evaluation config rightly differs from the training job's model.json, and why
+# (each as MindSpeed-MM's own stock inference and evaluation configs have it).
+QWEN25VL_RUN_ONLY = {
+    "model_id": "evaluate_model.json's top-level model_id names the pipeline (Qwen2VlPipeline), not the model",
+    "text_decoder.parallel_output": "generation gathers the whole vocabulary's logits on every TP rank (stock: false)",
+    "image_encoder.vision_encoder.llm_hidden_size": "not read by Qwen2VLViT (only InternVL's projector reads it)",
+    "image_encoder.vision_encoder.model_id": "qwen2vit and qwen2_5_vit are the same class, Qwen2VLViT",
+}
+
+
+def _leaves(doc: Any) -> dict[str, Any]:
+    return {k: v for k, v in _walk(doc) if k}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("size", ["3b", "7b", "32b", "72b"])
+def test_qwen25vl_inference_and_evaluation_load_the_training_model(
+    mm_tree: MMTrees, size: str, version: str
+) -> None:
+    """Every Qwen2.5-VL size renders inference.sh and evaluate.sh (3B and 32B, which MindSpeed-MM ships none for,
+    adapted from the 7B's), and their model configs build the model the job trains: every key they share with the
+    job's model.json is equal but for QWEN25VL_RUN_ONLY, the pipeline split included, so SAVE_PATH loads as saved;
+    the scripts load SAVE_PATH and the configs name the original tokenizer and the benchmark."""
+    tree = mm_tree.version_dir(version)
+    assert tree is not None
+    vision = (tree / "mindspeed_mm/models/vision/vision_model.py").read_text(encoding="utf-8")
+    assert '"qwen2vit": Qwen2VLViT' in vision and '"qwen2_5_vit": Qwen2VLViT' in vision
+    job = JOBS / f"load-{size}-{version}"
+    out = render_job(
+        RenderRequest(model="qwen2.5vl", task="sft", size=size, mm_version=version, out_dir=str(job))
+    )
+    files = {f.path: f.content or "" for f in out.files}
+    assert {"inference.sh", "inference_model.json", "evaluate.sh", "evaluate_model.json"} <= set(files)
+    train = _leaves(json.loads(files["model.json"]))
+    for name in ("inference_model.json", "evaluate_model.json"):
+        run = _leaves(json.loads(files[name]))
+        shared = set(train) & set(run)
+        assert {
+            "text_decoder.num_layers",
+            "text_decoder.pipeline_num_layers.0",
+            "text_decoder.hidden_size",
+        } <= shared
+        differ = {k: (train[k], run[k]) for k in sorted(shared) if train[k] != run[k]}
+        assert set(differ) <= set(QWEN25VL_RUN_ONLY), (name, differ)
+        # the original Hugging Face folder (README 推理: tokenizer/from_pretrained), the processor training reads
+        processor = json.loads(files["data.json"])["dataset_param"]["preprocess_parameters"][
+            "model_name_or_path"
+        ]
+        assert run["tokenizer.from_pretrained"] == processor, name
+    evaluate = json.loads(files["evaluate_model.json"])
+    assert evaluate["evaluation_dataset"] == "ai2d_test" and evaluate["dataset_path"].endswith(
+        "/AI2D_TEST.tsv"
+    )
+    assert (
+        evaluate["evaluation_model"]
+        in (tree / "mindspeed_mm/tasks/evaluation/eval_impl/__init__.py").read_text()
+    )
+    for script in ("inference.sh", "evaluate.sh"):
+        (launch,) = launches(tree, str(job / script), files[script])
+        assert launch.flags["--load"] == [str(job / "checkpoints")], script  # the job's SAVE_PATH
+        assert launch.flags["--mm-model"] == [str(job / script.replace(".sh", "_model.json"))]
+
+
+OLDER = ("2.1.0", "2.2.0", "2.3.0")  # releases before the ones the whole job is judged at
+# What the deviations data cannot hold (its evidence is judged at 26.0.0/26.1.0 only): 2.1.0's evaluation config
+# names the decoder's TP and PP (1 and 1, its script's); evaluate.sh reuses the training split, so the rendered
+# config names that one (as the declared `*-parallel-size` deviation of the scripts).
+OLDER_DECLARED = {
+    ("2.1.0", "evaluate_model.json", "text_decoder.tensor_model_parallel_size"),
+    ("2.1.0", "evaluate_model.json", "text_decoder.pipeline_model_parallel_size"),
+}
+
+
+@pytest.mark.parametrize("version", OLDER)
+@pytest.mark.parametrize("size", ["3b", "7b", "32b", "72b"])
+def test_qwen25vl_inference_and_evaluation_equal_stock_at_older_releases(
+    mm_tree: MMTrees, size: str, version: str
+) -> None:
+    """The releases before 26.0.0 ship the same 7B/72B inference and evaluation scripts with small changes (2.1.0:
+    no infer_fa, --variable-seq-lengths at PP 1, the decoder's layout in the evaluation config): the rendered ones
+    equal them there too, but for declared deviations (the training side is judged at 26.0.0 and 26.1.0 only)."""
+    if mm_tree.version_dir(version) is None:
+        pytest.skip(f"no MindSpeed-MM {version} tree under {mm_tree.root}")
+    res = compare_case(mm_tree, "qwen2.5vl", "sft", "megatron", size, version)
+    stock = "72b" if size == "72b" else "7b"
+    companions = {r: s for r, s in res.compared if r.startswith(("inference", "evaluate"))}
+    assert companions == {
+        "inference.sh": f"examples/qwen2.5vl/inference_qwen2_5_vl_{stock}.sh",
+        "evaluate.sh": f"examples/qwen2.5vl/evaluate_qwen2_5_vl_{stock}.sh",
+        "inference_model.json": f"examples/qwen2.5vl/inference_qwen2_5_vl_{stock}.json",
+        "evaluate_model.json": f"examples/qwen2.5vl/evaluate_qwen2_5_vl_{stock}.json",
+    }
+    left = undeclared(
+        res.diffs, model="qwen2.5vl", task="sft", size=size, version=version, backend="megatron"
+    )
+    left = [d for d in left if d.file in companions and (version, d.file, d.key) not in OLDER_DECLARED]
+    assert not left, "\n".join(f"  {d}" for d in left)
+    if version == "2.1.0":
+        stock_eval = _load(mm_tree.version_dir(version) / companions["evaluate_model.json"])  # type: ignore[operator]
+        assert stock_eval["text_decoder"]["pipeline_model_parallel_size"] == 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_evaluation_benchmarks_are_mindspeed_mm_s(mm_tree: MMTrees, version: str) -> None:
+    """Every task's `evaluation` (registry) names what that release's evaluate_vlm.py takes: the benchmark ids are
+    keys of its eval_dataset_dict and eval_impl_dict, the model a key of eval_pipeline_dict, and each TSV's name and
+    download link are the model README's (评测, 数据集准备)."""
+    tree = mm_tree.version_dir(version)
+    assert tree is not None
+    evaluation = tree / "mindspeed_mm/tasks/evaluation"
+    datasets = (evaluation / "eval_datasets/__init__.py").read_text(encoding="utf-8")
+    impls = (evaluation / "eval_impl/__init__.py").read_text(encoding="utf-8")
+    seen = 0
+    for entry in get_registry().models.values():
+        for task in entry.tasks:
+            if task.evaluation is None or not task.versions.contains(version):
+                continue
+            seen += 1
+            readme = (tree / entry.example_dir / "README.md").read_text(encoding="utf-8")
+            assert f'"{task.evaluation.model}":' in impls.split("eval_pipeline_dict")[1], entry.id
+            for bench in task.evaluation.benchmarks:
+                assert (
+                    f'"{bench.id}":' in datasets and f'"{bench.id}":' in impls.split("eval_pipeline_dict")[0]
+                )
+                assert f"[{bench.file.removesuffix('.tsv')}]({bench.url})" in readme, (entry.id, bench)
+                assert f"`{bench.id}`" in readme, (entry.id, bench.id)
+    assert seen, "no registry task has an evaluation"

@@ -1,0 +1,76 @@
+"""`mm-agent demo --vlm` (and `--vlm --lora`): the Qwen2.5-VL pipeline end to end through the CLI, as a user runs
+it: every stage passes, the loss falls, held-out exact-match accuracy rises, the checkpoint read in MindSpeed-MM's
+layout and its Hugging Face export answer alike, and the artefacts it reports are there. Failure paths: the
+route must reach Qwen2.5-VL, and a run whose accuracy does not rise is not ok."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from demorun import cli  # noqa: E402
+
+from mm_agent.demo import DemoReport, DemoRequest  # noqa: E402
+from mm_agent.demo_vlm import VLM_STAGES, run_vlm_demo, vlm_request  # noqa: E402
+
+
+def _run(root: Path, *extra: str) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
+    env = {**os.environ, "MM_AGENT_STATE_DIR": str(root / "state")}
+    argv = [*cli(), "demo", "--vlm", "--json", "--dir", str(root / "demo"), *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.stdout, proc.stderr[-3000:]
+    return DemoReport.model_validate_json(proc.stdout), proc
+
+
+def _check(report: DemoReport, proc: subprocess.CompletedProcess[str]) -> None:
+    assert report.ok and proc.returncode == 0, (report.message, proc.stderr[-2000:])
+    assert [s.name for s in report.stages] == list(VLM_STAGES) and all(s.ok for s in report.stages)
+    assert report.loss_first is not None and report.loss_last is not None and report.loss_last < report.loss_first
+    assert report.accuracy_before is not None and report.accuracy_after is not None
+    assert report.accuracy_after > report.accuracy_before and report.heldout
+    a = report.artifacts
+    assert a.exported and (Path(a.exported) / "config.json").is_file()
+    assert any(Path(a.exported).glob("*.safetensors"))
+    assert a.evaluation and a.loss_curve and Path(a.loss_curve).is_file()
+    after: dict[str, Any] = json.loads(Path(a.evaluation).read_text())
+    assert after["total"] == report.heldout and after["accuracy"] == report.accuracy_after
+    job_eval = json.loads((Path(report.run_dir) / "job" / "evaluation" / "accuracy.json").read_text())
+    assert [r["answer"] for r in job_eval["answers"]] == [r["answer"] for r in after["answers"]]
+    assert "category none" in next(s.detail for s in report.stages if s.name == "diagnose")
+
+
+@pytest.mark.slow
+def test_vlm_demo_trains_exports_and_answers_better(tmp_path: Path) -> None:
+    report, proc = _run(tmp_path)
+    _check(report, proc)
+    assert "(ViT and projector frozen" in next(s.detail for s in report.stages if s.name == "render")
+
+
+@pytest.mark.slow
+def test_vlm_lora_demo_merges_the_adapter_before_the_export(tmp_path: Path) -> None:
+    report, proc = _run(tmp_path, "--lora", "--nproc", "1")
+    _check(report, proc)
+    assert report.lora is not None and 0 < report.lora.trainable_share < 100
+    assert "adapter merged into its base" in next(s.detail for s in report.stages if s.name == "export")
+    manifest = json.loads((Path(report.run_dir) / "checkpoints" / "lora_adapter.json").read_text())
+    assert manifest["target_modules"][:3] == ["linear_proj", "linear_fc2", "linear_qkv"]
+
+
+def test_vlm_defaults_fill_only_what_the_caller_left_unset() -> None:
+    req = vlm_request(DemoRequest(vlm=True, iters=7))
+    assert req.iters == 7 and req.clips == 48 and "Qwen2.5-VL" in req.request
+
+
+def test_a_request_routed_elsewhere_fails_at_the_route_stage(tmp_path: Path) -> None:
+    req = DemoRequest(dir=str(tmp_path / "demo"), vlm=True, clips=2, request="fine-tune Wan2.1 text-to-video")
+    report = run_vlm_demo(req)
+    assert not report.ok and report.stages[-1].name == "route" and not report.stages[-1].ok
+    assert "Qwen2.5-VL" in report.message
