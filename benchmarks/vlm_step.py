@@ -2,7 +2,7 @@
 
 Both train transformers' `Qwen2_5_VLForConditionalGeneration` from the same tiny weights
 (`runtime.synth_vlm.build_tiny_qwen25vl`), with the ViT (`model.visual.patch_embed`/`blocks`) and the projector
-(`model.visual.merger`) frozen as the rendered model.json says, fp32 (the CPU never autocasts), one process, on
+(`model.visual.merger`) frozen as the rendered model.json says, fp32 (no --bf16), one process, on
 the same micro batches of the synthetic shapes data (`make_vlm_dataset`, prepared by `prepare_dataset`), in the
 same order, with AdamW and gradient clipping at 1.0:
   * runtime: `runtime.vlm_train.VLMTrainer` built in-process from a real bundled job — the weights converted
@@ -14,18 +14,24 @@ same order, with AdamW and gradient clipping at 1.0:
     loop over batches made beforehand by the same `runtime.vlmdata.VLMSource` + `collate_vlm` (preloaded in
     memory: no image decoding in the timed step): forward with labels, backward, `clip_grad_norm_`,
     `AdamW.step`, `zero_grad`, `loss.item()`.
-After a warmup they take strict turns, one step each, the first mover swapped every step, so drift in machine
+After a warmup they take strict turns, one step each, the first mover rotated every step, so drift in machine
 load hits both alike; the median step of each is reported with the ratio runtime / baseline (goal <= 1.05).
+`--split` adds a third turn: the runtime's step with its data loader swapped for the baseline's preloaded
+batches, which parts the runtime's per-step data cost (MindSpeed-MM decodes and processes each record's image
+in every step) from the trainer's own.
+On a machine with more runnable processes than cores, more than one torch thread makes these tiny steps stall in
+OpenMP barriers (a 5 ms step's median can become 70-90 ms, its mean 250 ms, on 2 shared cores): use --threads 1
+there, and read the load average printed beside the figures.
 
 Peak memory: each side again alone in a child process (same job, `--memory-steps` steps after building), its
 RSS high-water (VmHWM; see `peak_rss_mb`), as `Device.peak_memory_mb` reports it on CPU.
-`--demo` also times `python -m mm_agent demo --vlm --json --dir <tmp>` as a user runs it (wall clock, goal
+`--demo` also times `python -m mm_agent demo --vlm --json --dir <tmp> --device <--device>` as a user runs it (wall clock, goal
 < 90 s on 2 quiet cores; its CPU seconds and the load average beside it) and prints its stage seconds, loss and
 held-out accuracy before/after.
 
     python benchmarks/vlm_step.py [--images 16] [--hidden 64] [--layers 2] [--micro-batch-size 1]
                                   [--steps 60] [--warmup 5] [--threads N] [--num-workers 0]
-                                  [--memory-steps 20] [--no-memory] [--demo] [--device cpu]
+                                  [--memory-steps 20] [--no-memory] [--split] [--demo] [--device cpu]
 """
 
 from __future__ import annotations
@@ -154,13 +160,25 @@ class Sides:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=float(LR), betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_eps, weight_decay=0.0
         )
-        self.counter = 0
+        self.counter = self.preloaded = 0
 
     def runtime_iteration(self) -> None:
         t = self.trainer
         s = t.step()
         t.log.record(s.iteration, t.consumed, s.seconds, s.lr, t.ranks.global_batch_size, s.loss, s.grad_norm,
                      s.skipped)  # fmt: skip
+
+    def preloaded_iteration(self) -> None:
+        """`runtime_iteration` with the trainer's data loader swapped for the baseline's preloaded batches
+        (`--split`): the trainer's own cost without image decoding, the image processor and collation."""
+        t, loader = self.trainer, self.trainer.batches
+        batch = self.batches[self.preloaded % len(self.batches)]
+        self.preloaded += 1
+        t.batches = iter([batch])
+        try:
+            self.runtime_iteration()
+        finally:
+            t.batches = loader
 
     def baseline_iteration(self) -> None:
         batch = self.batches[self.counter % len(self.batches)]
@@ -229,7 +247,14 @@ def memory(root: Path, opts: argparse.Namespace) -> dict[str, dict[str, float]]:
     return out
 
 
-def demo() -> None:
+def load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not every sandbox has /proc/loadavg
+        return float("nan")
+
+
+def demo(device: str) -> None:
     """`mm-agent demo --vlm --json` in a subprocess, as a user runs it: wall clock, CPU seconds of its process
     tree, peak RSS of the tree (sampled every 50 ms, as benchmarks/dataset_scan.py does), stages, loss, accuracy."""
     import threading
@@ -237,9 +262,10 @@ def demo() -> None:
     import psutil
 
     with tempfile.TemporaryDirectory(prefix="mm-agent-vlm-demo-") as tmp:
-        argv = [sys.executable, "-m", "mm_agent", "demo", "--vlm", "--json", "--dir", str(Path(tmp) / "demo")]
+        argv = [sys.executable, "-m", "mm_agent", "demo", "--vlm", "--json", "--dir", str(Path(tmp) / "demo"),
+                "--device", device]  # fmt: skip
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load_before = os.getloadavg()[0]
+        load_before = load_average()
         started = time.perf_counter()
         proc = psutil.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
         done, peak = threading.Event(), [0]
@@ -275,7 +301,7 @@ def demo() -> None:
         )
         return
     print(f"\ndemo --vlm: {wall:.1f} s wall (goal < 90 s on 2 quiet cores), {cpu:.1f} CPU s, load average "
-          f"{load_before:.2f} before / {os.getloadavg()[0]:.2f} after, exit {proc.returncode}, ok {report['ok']}, "
+          f"{load_before:.2f} before / {load_average():.2f} after, exit {proc.returncode}, ok {report['ok']}, "
           f"peak RSS of its process tree {peak[0] / 2**20:.0f} MiB")  # fmt: skip
     for stage in report["stages"]:
         print(f"  {stage['name']:10} {stage['seconds']:7.2f} s  {'ok ' if stage['ok'] else 'FAILED'}  "
@@ -304,6 +330,8 @@ def main() -> int:
     p.add_argument("--memory-steps", type=int, default=20, help="steps each memory child runs")
     p.add_argument("--no-memory", action="store_true", help="skip the per-side peak memory children")
     p.add_argument("--demo", action="store_true", help="also time `mm-agent demo --vlm --json`")
+    p.add_argument("--split", action="store_true",
+                   help="also time the runtime with its loader swapped for the preloaded batches (data cost apart)")  # fmt: skip
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "npu", "auto"])
     p.add_argument("--child", nargs=2, metavar=("ROOT", "SIDE"), help=argparse.SUPPRESS)
     opts = p.parse_args()
@@ -327,37 +355,45 @@ def main() -> int:
               f" M params, {sum(p.numel() for p in sides.params) / 1e6:.2f} M trainable) | batch "
               f"{tuple(batch['input_ids'].shape)} tokens, {tuple(batch['pixel_values'].shape)} patches | "
               f"attention runtime {runtime_model.config._attn_implementation}, baseline {cfg._attn_implementation}"
-              f" | torch threads {torch.get_num_threads()} | load {os.getloadavg()[0]:.2f}")  # fmt: skip
-        timed(sides.runtime_iteration, opts.warmup, sides.sync)
-        timed(sides.baseline_iteration, opts.warmup, sides.sync)
-        runtime_times: list[float] = []
-        baseline_times: list[float] = []
+              f" | torch threads {torch.get_num_threads()} | load {load_average():.2f}")  # fmt: skip
+        tools: dict[str, Callable[[], None]] = {
+            "runtime": sides.runtime_iteration,
+            "baseline": sides.baseline_iteration,
+        }
+        if opts.split:
+            tools["runtime, batches preloaded"] = sides.preloaded_iteration
+        for fn in tools.values():
+            timed(fn, opts.warmup, sides.sync)
+        times: dict[str, list[float]] = {name: [] for name in tools}
+        names = list(tools)
         for step in range(
             opts.steps
-        ):  # strict alternation, first mover swapped each step: load drift hits both
-            pair = [(runtime_times, sides.runtime_iteration), (baseline_times, sides.baseline_iteration)]
-            for times, fn in pair if step % 2 == 0 else pair[::-1]:
-                times += timed(fn, 1, sides.sync)
+        ):  # strict turns, first mover rotated each step: load drift hits all alike
+            for name in names[step % len(names) :] + names[: step % len(names)]:
+                times[name] += timed(tools[name], 1, sides.sync)
         sides.close()
-        load_after = os.getloadavg()[0]
+        load_after = load_average()
         both_mb = peak_rss_mb()
         mem = {} if opts.no_memory else memory(root, opts)
-    rt, bl = statistics.median(runtime_times), statistics.median(baseline_times)
+    bl = statistics.median(times["baseline"])
     print(
-        f"{'':10} {'median ms':>10} {'mean ms':>10} {'min ms':>10}   ({len(runtime_times)} steps each, alternating)"
+        f"{'':27} {'median ms':>10} {'mean ms':>10} {'min ms':>10}   ({opts.steps} steps each, taking turns)"
     )
-    for name, times in (("runtime", runtime_times), ("baseline", baseline_times)):
-        print(f"{name:10} {1000 * statistics.median(times):10.2f} {1000 * statistics.mean(times):10.2f} "
-              f"{1000 * min(times):10.2f}")  # fmt: skip
-    print(
-        f"ratio runtime/baseline (median): {rt / bl:.3f}  (goal <= 1.05) | load average after {load_after:.2f}"
-    )
+    for name, ts in times.items():
+        print(f"{name:27} {1000 * statistics.median(ts):10.2f} {1000 * statistics.mean(ts):10.2f} "
+              f"{1000 * min(ts):10.2f}")  # fmt: skip
+    print(f"ratio runtime/baseline (median): {statistics.median(times['runtime']) / bl:.3f}  (goal <= 1.05) | "
+          f"load average after {load_after:.2f}")  # fmt: skip
+    if opts.split:
+        print(f"ratio runtime with batches preloaded/baseline (median): "
+              f"{statistics.median(times['runtime, batches preloaded']) / bl:.3f}  (the trainer without its data "
+              f"pipeline)")  # fmt: skip
     print(f"peak RSS of this process (both sides built): {both_mb:.0f} MiB")
     for side, m in mem.items():
         print(f"peak RSS {side:8} alone: {m['peak_mb']:7.0f} MiB (after imports {m['import_mb']:.0f}, built "
               f"{m['built_mb']:.0f}; {opts.memory_steps} steps)")  # fmt: skip
     if opts.demo:
-        demo()
+        demo(opts.device)
     return 0
 
 

@@ -178,6 +178,10 @@ class DemoReport(BaseModel):
         default=None, description="--vlm: held-out exact-match accuracy of the untrained model"
     )
     accuracy_after: float | None = Field(default=None, description="--vlm: the same after training")
+    accuracy_prior: float | None = Field(
+        default=None,
+        description="--vlm: answering each question with its commonest training answer (the bar)",
+    )
     heldout: int | None = Field(default=None, description="--vlm: held-out questions asked")
     message: str
 
@@ -271,9 +275,9 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def require_runtime() -> None:
+def require_runtime(modules: tuple[str, ...] = RUNTIME_MODULES) -> None:
     """The demo runs the bundled runtime; say what to install before anything is created."""
-    missing = [m for m in RUNTIME_MODULES if importlib.util.find_spec(m) is None]
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise MMAgentError(
             f"the demo needs the runtime packages; missing: {', '.join(missing)}", fix=RUNTIME_FIX

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from demorun import cli  # noqa: E402
+from demorun import cli
 
-from mm_agent.demo import DemoReport, DemoRequest  # noqa: E402
-from mm_agent.demo_vlm import VLM_STAGES, run_vlm_demo, vlm_request  # noqa: E402
+from mm_agent.demo import DemoReport, DemoRequest
+from mm_agent.demo_vlm import VLM_STAGES, prior_accuracy, run_vlm_demo, vlm_request
 
 
 def _run(root: Path, *extra: str) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
@@ -33,9 +33,16 @@ def _run(root: Path, *extra: str) -> tuple[DemoReport, subprocess.CompletedProce
 def _check(report: DemoReport, proc: subprocess.CompletedProcess[str]) -> None:
     assert report.ok and proc.returncode == 0, (report.message, proc.stderr[-2000:])
     assert [s.name for s in report.stages] == list(VLM_STAGES) and all(s.ok for s in report.stages)
-    assert report.loss_first is not None and report.loss_last is not None and report.loss_last < report.loss_first
+    assert (
+        report.loss_first is not None
+        and report.loss_last is not None
+        and report.loss_last < report.loss_first
+    )
     assert report.accuracy_before is not None and report.accuracy_after is not None
-    assert report.accuracy_after > report.accuracy_before and report.heldout
+    assert report.accuracy_prior is not None and report.heldout
+    assert report.accuracy_after > max(
+        report.accuracy_before, report.accuracy_prior
+    )  # learnt from the pixels
     a = report.artifacts
     assert a.exported and (Path(a.exported) / "config.json").is_file()
     assert any(Path(a.exported).glob("*.safetensors"))
@@ -66,7 +73,28 @@ def test_vlm_lora_demo_merges_the_adapter_before_the_export(tmp_path: Path) -> N
 
 def test_vlm_defaults_fill_only_what_the_caller_left_unset() -> None:
     req = vlm_request(DemoRequest(vlm=True, iters=7))
-    assert req.iters == 7 and req.clips == 48 and "Qwen2.5-VL" in req.request
+    assert req.iters == 7 and req.clips == 512 and "Qwen2.5-VL" in req.request
+
+
+@pytest.mark.slow
+def test_a_run_that_only_learns_the_commonest_answers_is_not_ok(tmp_path: Path) -> None:
+    """20 steps teach the answer format and priors, not the images: every stage passes, the demo does not."""
+    report, proc = _run(tmp_path, "--clips", "32", "--iters", "20", "--nproc", "1")
+    assert not report.ok and proc.returncode == 1
+    assert all(s.ok for s in report.stages)
+    assert "did not learn from the images" in report.message
+
+
+def test_the_prior_is_the_commonest_training_answer_per_question(tmp_path: Path) -> None:
+    def rows(answers: list[tuple[str, str]]) -> str:
+        return json.dumps([{"conversations": [{"from": "human", "value": f"<image>\n{q}"},
+                                              {"from": "gpt", "value": a}]} for q, a in answers])  # fmt: skip
+
+    (tmp_path / "train.json").write_text(rows([("colour?", "red"), ("colour?", "red"), ("colour?", "blue"),
+                                               ("shape?", "bar")]))  # fmt: skip
+    (tmp_path / "heldout.json").write_text(rows([("colour?", "red"), ("colour?", "blue"), ("shape?", "bar"),
+                                                 ("size?", "big")]))  # fmt: skip
+    assert prior_accuracy(tmp_path / "train.json", tmp_path / "heldout.json") == 0.5
 
 
 def test_a_request_routed_elsewhere_fails_at_the_route_stage(tmp_path: Path) -> None:

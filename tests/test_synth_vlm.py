@@ -74,11 +74,11 @@ def test_processor_output_runs_through_the_model(weights: Path, dataset: synth_v
     assert "<|vision_start|><|image_pad|><|vision_end|>\nWhat" in text
     assert text.endswith("<|im_start|>assistant\n")
     inputs = processor.encode(text, q.images)
-    # 56x56 -> a 4x4 patch grid, merged 2x2 -> 4 image tokens
-    assert inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
-    assert inputs["pixel_values"].shape == (16, 3 * 2 * 14 * 14)
+    # 112x112 -> an 8x8 patch grid, merged 2x2 -> 16 image tokens
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]]
+    assert inputs["pixel_values"].shape == (64, 3 * 2 * 14 * 14)
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    assert int((inputs["input_ids"] == pad).sum()) == 4
+    assert int((inputs["input_ids"] == pad).sum()) == 16
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(weights, local_files_only=True)
     with torch.no_grad():
         logits = model(**inputs).logits

@@ -129,9 +129,10 @@ def print_summary(report: DemoReport) -> None:
             else ""
         )
         steps = f"; step {f.step_ms:.0f} vs {f.full_step_ms:.0f} ms" if f.step_ms and f.full_step_ms else ""
+        beside = f" (full fine-tune: {f.full_iters} iterations)" if f.full_iters else ""
         out.print(
             f"  LoRA trains {f.trainable_params:,} of {f.total_params:,} parameters ({f.trainable_share:.2f}%)"
-            f"{peaks}{steps} (full fine-tune: {f.full_iters} iterations)",
+            f"{peaks}{steps}{beside}",
             markup=False,
         )
     colour = "green" if report.ok else "red"
