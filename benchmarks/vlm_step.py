@@ -322,7 +322,9 @@ def main() -> int:
         "--hidden", type=int, default=64, help="LLM hidden size, a multiple of 64 (the demo's: 64)"
     )
     p.add_argument("--layers", type=int, default=2, help="LLM layers (the demo's: 2)")
-    p.add_argument("--micro-batch-size", type=int, default=1, help="records per step (the demo's is 1)")
+    p.add_argument(
+        "--micro-batch-size", type=int, default=16, help="records per step (the demo's: 16 on one process)"
+    )
     p.add_argument("--steps", type=int, default=60, help="timed steps per tool")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--num-workers", type=int, default=0, help="the runtime's data loader workers")

@@ -505,6 +505,9 @@ def _apply(slot: str, **values: str) -> str:
     return slot
 
 
+PIXEL_CACHE_BYTES = 512 * 1024**2  # per process (each loader worker keeps its own)
+
+
 class VLMSource(Dataset[dict[str, torch.Tensor]]):
     """A Qwen2.5-VL job's training records as MindSpeed-MM's preprocessing makes them.
 
@@ -522,6 +525,8 @@ class VLMSource(Dataset[dict[str, torch.Tensor]]):
         from transformers.utils import logging as hf_logging
 
         self.settings = s = read_settings(data_config, seq_length=seq_length, base=base)
+        self._pixel_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pixel_bytes = 0
         if not (s.model / "config.json").is_file() and not (s.model / "tokenizer_config.json").is_file():
             raise _fail(
                 f"{s.model} holds no Hugging Face model (no config.json / tokenizer_config.json)",
@@ -638,6 +643,19 @@ class VLMSource(Dataset[dict[str, torch.Tensor]]):
         images = [self._load_image(p, example, j) for j, p in enumerate(example.images)]
         return self._pixels(images)
 
+    def _cached_pixels(self, i: int, example: Example) -> tuple[torch.Tensor, torch.Tensor]:
+        """The record's image tensors, kept after their first use up to PIXEL_CACHE_BYTES: the processor is
+        deterministic (no augmentation), so a later epoch gets the same tensors without decoding the files again
+        (on a tiny model decoding was a fifth of the step: benchmarks/vlm_step.py)."""
+        if i in self._pixel_cache:
+            return self._pixel_cache[i]
+        pixels = self._example_pixels(example)
+        size = pixels[0].numel() * pixels[0].element_size()
+        if self._pixel_bytes + size <= PIXEL_CACHE_BYTES:
+            self._pixel_cache[i] = pixels
+            self._pixel_bytes += size
+        return pixels
+
     def _expand(self, text: str, grids: list[int], start: int) -> tuple[str, int]:
         """Qwen2VLPlugin.process_messages on one message: each placeholder -> its image's pad tokens."""
         n = start
@@ -724,7 +742,7 @@ class VLMSource(Dataset[dict[str, torch.Tensor]]):
             "labels": torch.tensor(example.labels, dtype=torch.long),
         }
         if example.images:
-            item["pixel_values"], item["image_grid_thw"] = self._example_pixels(example)
+            item["pixel_values"], item["image_grid_thw"] = self._cached_pixels(i, example)
         else:
             fake = self.fake_image()
             item["pixel_values"] = fake["pixel_values"][:0]
