@@ -230,3 +230,19 @@ def test_a_batch_feeds_the_model(root: Path) -> None:
         with torch.no_grad():
             loss = model(**batch).loss
         assert loss is not None and torch.isfinite(loss), indices
+
+
+def test_image_tensors_are_reused_within_the_bound(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later epoch gets the same tensors without decoding again; past PIXEL_CACHE_BYTES nothing more is kept
+    (and what is computed is still right)."""
+    from runtime import vlmdata
+
+    source = _source(root)
+    first = source[0]["pixel_values"]
+    decoded: list[int] = []
+    original = source._example_pixels
+    monkeypatch.setattr(source, "_example_pixels", lambda ex: decoded.append(1) or original(ex))
+    assert torch.equal(source[0]["pixel_values"], first) and not decoded
+    monkeypatch.setattr(vlmdata, "PIXEL_CACHE_BYTES", source._pixel_bytes)  # full: no room for record 1
+    again = [source[1]["pixel_values"], source[1]["pixel_values"]]
+    assert len(decoded) == 2 and torch.equal(again[0], again[1]) and 1 not in source._pixel_cache
