@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,10 +57,10 @@ POLL_S = 0.3
 DEMO_PORTS = (20000, 40000)
 FULL_ITERS = 10  # iterations of the full fine-tune a LoRA demo measures beside its adapter
 # runtime.train's lines: PEFT's trainable-parameter summary (LoRA runs) and the peak memory at the end
-_TRAINABLE = re.compile(
+TRAINABLE_LINE = re.compile(
     r"trainable params: (?P<trainable>[\d,]+) \|\| all params: (?P<total>[\d,]+) \|\| trainable%: (?P<share>[\d.]+)"
 )
-_PEAK = re.compile(r"peak memory: (?P<mb>[\d.]+) MiB \((?P<what>[^,)]+)")
+PEAK_LINE = re.compile(r"peak memory: (?P<mb>[\d.]+) MiB \((?P<what>[^,)]+)")
 RUNTIME_MODULES = ("torch", "diffusers", "transformers", "decord", "av", "tokenizers", "matplotlib")
 RUNTIME_FIX = 'install the runtime extra: .venv/bin/pip install -c constraints.txt -e ".[runtime]"'
 
@@ -316,7 +316,7 @@ def smoothed(losses: list[float]) -> tuple[float | None, float | None]:
 # ---------------------------------------------------------------------------------------------- the run
 
 
-class _Demo:
+class DemoRun:
     """One demo run: the stages in order, each timed and reported; the first failure stops the run."""
 
     def __init__(self, req: DemoRequest, run_dir: Path, on_event: OnEvent | None) -> None:
@@ -441,7 +441,6 @@ class _Demo:
             RenderRequest(
                 model=c.model_id,
                 task=task,  # type: ignore[arg-type]  # a registry task id
-                backend=c.backend,  # type: ignore[arg-type]
                 size=c.size,
                 runtime="bundled",
                 out_dir=str(self.run / name),
@@ -449,7 +448,6 @@ class _Demo:
                 load_path=str(self.run / "converted"),
                 dataset_dir=str(self.run / "dataset"),
                 dataset_file=str(self.run / "dataset" / "data.json"),
-                feature_dir=str(self.run / "sora_features"),
                 save_path=str(self.run / save),
                 npus_per_node=self.req.nproc,
                 nnodes=1,
@@ -457,21 +455,30 @@ class _Demo:
                 tp=1,
                 pp=1,
                 cp=1,
-                mbs=1,
                 grad_acc=1,
                 train_iters=iters,
                 save_interval=max(1, iters // 2),
                 lr=self.req.lr,
                 num_workers=0,
-                num_frames=FRAMES,
-                max_height=HEIGHT,
-                max_width=WIDTH,
-                text_len=self.text_len,
                 seed=self.req.seed,
                 device=None if self.req.device == "auto" else self.req.device,
                 confirm=True,
+                **self._job_fields(),
             )
         )
+
+    def _job_fields(self) -> dict[str, Any]:
+        """The render fields of this demo's model: a Wan job's clip shape and feature folder, one sample a step."""
+        c = self._candidate()
+        return {
+            "backend": c.backend,
+            "feature_dir": str(self.run / "sora_features"),
+            "mbs": 1,
+            "num_frames": FRAMES,
+            "max_height": HEIGHT,
+            "max_width": WIDTH,
+            "text_len": self.text_len,
+        }
 
     def validate(self) -> str:
         report = validate_configs(ValidateRequest(paths=[str(self.run / "job")]))
@@ -572,14 +579,14 @@ class _Demo:
         """The LoRA run's figures, and a short full fine-tune of the same job (same data, the whole model)
         measured the same way: what the adapter saves."""
         text = log.read_text(encoding="utf-8", errors="replace")
-        share = _TRAINABLE.search(text)
+        share = TRAINABLE_LINE.search(text)
         if share is None:
             raise StageFailed(f"the LoRA training log names no trainable parameters ({log})")
         iters = min(self.req.iters, FULL_ITERS)
         full = self._render("job-full", "t2v", iters, "checkpoints-full")
         status = self._job("train", self.req.nproc, job=Path(full.job_dir).name)
         full_text = Path(status.log).read_text(encoding="utf-8", errors="replace")
-        peak, full_peak = _PEAK.search(text), _PEAK.search(full_text)
+        peak, full_peak = PEAK_LINE.search(text), PEAK_LINE.search(full_text)
         return LoraFigures(
             trainable_params=int(share["trainable"].replace(",", "")),
             total_params=int(share["total"].replace(",", "")),
@@ -711,6 +718,11 @@ class _Demo:
             message = (
                 f"pipeline passed end to end; loss {first:.4f} -> {last:.4f} (mean of first/last {window})"
             )
+        return self.report(start, ok, message)
+
+    def report(self, start: float, ok: bool, message: str, **extra: Any) -> DemoReport:
+        """The run's report (`extra`: the fields only a VLM run has), written atomically to the run folder."""
+        first, last = smoothed(self.losses)
         report = DemoReport(
             ok=ok,
             run_dir=str(self.run),
@@ -724,6 +736,7 @@ class _Demo:
             root_cause=self.root_cause,
             lora=self.lora,
             message=message,
+            **extra,
         )
         write_json_atomic(self.run / REPORT, report)
         return report
@@ -733,4 +746,4 @@ def run_demo(req: DemoRequest, on_event: OnEvent | None = None) -> DemoReport:
     """Run the demo in a new run folder under `req.dir`; `on_event` sees every stage start, tick and end."""
     require_runtime()
     run_dir = prepare_run_dir(Path(req.dir).expanduser().resolve())
-    return _Demo(req, run_dir, on_event).run_all()
+    return DemoRun(req, run_dir, on_event).run_all()

@@ -23,25 +23,24 @@ from typing import Any, get_args
 from mm_agent.convert import ConvertRequest, convert_weights, final_report
 from mm_agent.dataset import DatasetRequest, prepare_dataset
 from mm_agent.demo import (
-    REPORT,
+    PEAK_LINE,
+    TRAINABLE_LINE,
     DemoReport,
     DemoRequest,
+    DemoRun,
     LoraFigures,
     OnEvent,
     StageFailed,
     StageName,
-    _Demo,
     held_interrupt,
-    loss_window,
     prepare_run_dir,
     require_runtime,
     smoothed,
 )
 from mm_agent.errors import MMAgentError
 from mm_agent.jobs import stop_job
-from mm_agent.render import RenderRequest, RenderResult, render_job
 from mm_agent.route import RouteRequest, route_model
-from mm_agent.runs import RunStatus, wait_run, write_json_atomic
+from mm_agent.runs import RunStatus, wait_run
 
 VLM_REQUEST = "fine-tune Qwen2.5-VL 3B on my images"
 VLM_MODEL = "qwen2.5vl"
@@ -96,7 +95,7 @@ def vlm_request(req: DemoRequest) -> DemoRequest:
     return req.model_copy(update=unset)
 
 
-class _VLMDemo(_Demo):
+class VLMDemoRun(DemoRun):
     """One `demo --vlm` run; the stage plumbing, rendering knobs and job following are the Wan demo's."""
 
     def __init__(self, req: DemoRequest, run_dir: Path, on_event: OnEvent | None) -> None:
@@ -164,39 +163,10 @@ class _VLMDemo(_Demo):
         self.candidate = top
         return f"{top.model_id} {top.task} ({top.backend}, {top.size}); convert {top.converter}.{top.converter_method}"
 
-    def _render(self, name: str, task: str, iters: int, save: str) -> RenderResult:
-        c = self._candidate()
+    def _job_fields(self) -> dict[str, Any]:
+        """The held-out questions evaluate.sh scores; GLOBAL_BATCH samples a step over the processes."""
         data = self.run / "dataset"
-        return render_job(
-            RenderRequest(
-                model=c.model_id,
-                task=task,  # type: ignore[arg-type]  # a registry task id
-                size=c.size,
-                runtime="bundled",
-                out_dir=str(self.run / name),
-                weights_dir=str(self.run / "weights"),
-                load_path=str(self.run / "converted"),
-                dataset_dir=str(data),
-                dataset_file=str(data / "data.json"),
-                eval_dataset=str(data / "heldout.json"),
-                save_path=str(self.run / save),
-                npus_per_node=self.req.nproc,
-                nnodes=1,
-                master_port=self._port(),
-                tp=1,
-                pp=1,
-                cp=1,
-                mbs=max(1, GLOBAL_BATCH // self.req.nproc),
-                grad_acc=1,
-                train_iters=iters,
-                save_interval=max(1, iters // 2),
-                lr=self.req.lr,
-                num_workers=0,
-                seed=self.req.seed,
-                device=None if self.req.device == "auto" else self.req.device,
-                confirm=True,
-            )
-        )
+        return {"eval_dataset": str(data / "heldout.json"), "mbs": max(1, GLOBAL_BATCH // self.req.nproc)}
 
     def render(self) -> str:
         c = self._candidate()
@@ -262,13 +232,6 @@ class _VLMDemo(_Demo):
         return f"exported model loaded by transformers: {self._accuracy(self.after)} (same as evaluate.sh)"
 
     # -- helpers
-
-    def _port(self) -> int:
-        import random
-
-        from mm_agent.demo import DEMO_PORTS
-
-        return random.randrange(*DEMO_PORTS)
 
     def _convert(self, method: str, source: Path, target: Path, hf_dir: Path | None) -> Any:
         with held_interrupt() as interrupted:
@@ -339,10 +302,8 @@ class _VLMDemo(_Demo):
             raise StageFailed(f"{module} exited {done.returncode} (log {log}): " + " | ".join(tail))
 
     def _lora_figures(self, log: Path) -> LoraFigures:
-        from mm_agent.demo import _PEAK, _TRAINABLE
-
         text = log.read_text(encoding="utf-8", errors="replace")
-        share, peak = _TRAINABLE.search(text), _PEAK.search(text)
+        share, peak = TRAINABLE_LINE.search(text), PEAK_LINE.search(text)
         if share is None:
             raise StageFailed(f"the LoRA training log names no trainable parameters ({log})")
         return LoraFigures(
@@ -390,26 +351,15 @@ class _VLMDemo(_Demo):
                 f"{100 * (before or 0):.0f}% -> {100 * (after or 0):.0f}% (commonest answer: "
                 f"{100 * (self.prior or 0):.0f}%)"
             )
-        report = DemoReport(
-            ok=ok,
-            run_dir=str(self.run),
-            loss_first=first,
-            loss_last=last,
-            loss_window=loss_window(len(self.losses)),
-            losses=self.losses,
-            seconds=time.monotonic() - start,
-            stages=self.stages,
-            artifacts=self.art,
-            root_cause=self.root_cause,
-            lora=self.lora,
+        return self.report(
+            start,
+            ok,
+            message,
             accuracy_before=before,
             accuracy_after=after,
             accuracy_prior=self.prior,
             heldout=int(self.after["total"]) if self.after else None,
-            message=message,
         )
-        write_json_atomic(self.run / REPORT, report)
-        return report
 
 
 def run_vlm_demo(req: DemoRequest, on_event: OnEvent | None = None) -> DemoReport:
@@ -417,4 +367,4 @@ def run_vlm_demo(req: DemoRequest, on_event: OnEvent | None = None) -> DemoRepor
     require_runtime(VLM_RUNTIME_MODULES)
     req = vlm_request(req)
     run_dir = prepare_run_dir(Path(req.dir).expanduser().resolve())
-    return _VLMDemo(req, run_dir, on_event).run_all()
+    return VLMDemoRun(req, run_dir, on_event).run_all()

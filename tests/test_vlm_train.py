@@ -219,3 +219,47 @@ def test_the_lora_target_table_names_real_modules_on_both_sides(weights_only: Pa
 @pytest.fixture(scope="module")
 def weights_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_qwen25vl(tmp_path_factory.mktemp("w") / "weights", seed=0)
+
+
+@pytest.mark.slow
+def test_the_job_manager_runs_stops_and_resumes_a_vlm_job(
+    vjob: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered finetune.sh under the job manager: progress in job_status, lines in tail_logs, stop_job ends
+    every process it started, and starting the stage again continues from the last checkpoint (--auto-resume)."""
+    import time
+
+    from mm_agent.jobs import StageRequest, job_status, start_stage, stop_job, tail_logs, wait_job
+    from runtime.train import SLOW_ENV
+
+    monkeypatch.setenv("MM_AGENT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv(SLOW_ENV, "0.5")  # half a second after each step: time to stop it mid-run
+    job, save = tmp_path / "job", tmp_path / "save"
+    render_job(
+        RenderRequest(model="qwen2.5vl", task="sft", size="3b", runtime="bundled", out_dir=str(job),
+                      weights_dir=str(vjob["weights"]), load_path=str(vjob["converted"]),
+                      dataset_dir=str(vjob["root"] / "data"), dataset_file=str(vjob["root"] / "data" / "data.json"),
+                      save_path=str(save), npus_per_node=1, mbs=1, grad_acc=1, train_iters=12, save_interval=3,
+                      num_workers=0, recompute=False, device="cpu", confirm=True)
+    )  # fmt: skip
+    launch = start_stage(StageRequest(job_dir=str(job), stage="train", confirm=True))
+    assert launch.run_id is not None
+    deadline = time.monotonic() + 120
+    while not (save / "latest_checkpointed_iteration.txt").is_file() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    status = job_status(launch.run_id)
+    assert status.state == "running" and status.total == 12 and (status.iteration or 0) >= 1
+    assert any("| consumed samples:" in line for line in tail_logs(launch.run_id, 20).lines)
+    stopped = stop_job(launch.run_id, confirm=True, timeout_s=5)
+    assert stopped.status == "stopped" and job_status(launch.run_id).state == "stopped"
+    kept = int((save / "latest_checkpointed_iteration.txt").read_text())
+    assert 3 <= kept < 12
+
+    monkeypatch.delenv(SLOW_ENV)
+    again = start_stage(StageRequest(job_dir=str(job), stage="train", confirm=True))
+    assert again.run_id is not None
+    final = wait_job(again.run_id, 180, lambda s: None, 0.3)
+    assert final.state == "succeeded", final.message
+    log = Path(final.log).read_text()
+    assert f"resuming from {save} (--auto-resume)" in log and f"at iteration {kept}" in log
+    assert (save / "latest_checkpointed_iteration.txt").read_text() == "12"
