@@ -589,7 +589,7 @@ def resolve_job(
             field="device",
             fix="drop --device"
             if bundled_refusal(entry, task, size)
-            else "drop --device, or add --runtime bundled (Wan-family t2v)",
+            else "drop --device, or add --runtime bundled (mm-agent's runtime: Wan-family t2v, Qwen2.5-VL)",
         )
     world = npus * nnodes
     if world % (tp * pp * cp):

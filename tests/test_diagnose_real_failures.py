@@ -327,17 +327,21 @@ def test_tp_error_lists_choices_that_each_render(tmp_path: Path, model: str, tas
 
 
 def test_device_fix_offers_the_bundled_runtime_only_where_render_accepts_it(tmp_path: Path) -> None:
-    qwen = render_error(tmp_path, model="qwen2.5vl", task="sft", device="cpu")
-    assert qwen.fix is not None and "--runtime bundled" not in qwen.fix
-    render_error(tmp_path, model="qwen2.5vl", task="sft", device="cpu", runtime="bundled")  # as render says
-    wan = render_error(tmp_path, model="wan2.1", task="t2v", device="cpu")
-    assert wan.fix is not None and "--runtime bundled" in wan.fix
-    render_job(
-        RenderRequest(out_dir="x", model="wan2.1", task="t2v", device="cpu", runtime="bundled"), root=tmp_path
-    )
+    qwen3 = render_error(tmp_path, model="qwen3vl", task="sft", device="cpu")
+    assert qwen3.fix is not None and "--runtime bundled" not in qwen3.fix
+    render_error(tmp_path, model="qwen3vl", task="sft", device="cpu", runtime="bundled")  # as render says
+    for model, task in (("wan2.1", "t2v"), ("qwen2.5vl", "sft")):
+        offered = render_error(tmp_path, model=model, task=task, device="cpu")
+        assert offered.fix is not None and "--runtime bundled" in offered.fix
+        render_job(
+            RenderRequest(out_dir="x", model=model, task=task, device="cpu", runtime="bundled"), root=tmp_path
+        )
 
 
-@pytest.mark.parametrize(("model", "task", "offered"), [("qwen2.5vl", "sft", False), ("wan2.1", "t2v", True)])
+@pytest.mark.parametrize(
+    ("model", "task", "offered"),
+    [("qwen3vl", "sft", False), ("qwen2.5vl", "sft", True), ("wan2.1", "t2v", True)],
+)
 def test_launch_offers_the_bundled_runtime_only_where_render_accepts_it(
     ws: Path, model: str, task: str, offered: bool
 ) -> None:

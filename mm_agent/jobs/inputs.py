@@ -192,7 +192,7 @@ def _check_runtime(job: StageScript) -> list[str]:
         return [python] if python else []
     mm_root = job.var("MM_ROOT")
     if mm_root is not None and not Path(mm_root).is_dir():
-        # only where render accepts it: the bundled runtime trains Wan-family t2v, never a Qwen job
+        # only where render accepts it (jobspec.bundled_refusal: Wan-family t2v, Qwen2.5-VL)
         bundled = (
             "; for a run without MindSpeed-MM render with --runtime bundled" if _bundled_can_run(job) else ""
         )
