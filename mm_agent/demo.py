@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mm_agent.convert import ConvertRequest, convert_weights, final_report
+from mm_agent.convert import ConvertReport, ConvertRequest, convert_weights, final_report
 from mm_agent.dataset import DatasetRequest, prepare_dataset
 from mm_agent.diagnose import DiagnoseRequest, diagnose_errors
 from mm_agent.errors import MMAgentError
@@ -413,10 +413,7 @@ class DemoRun:
         )
 
     def route(self) -> str:
-        result = route_model(RouteRequest(request=self.req.request, task="lora" if self.req.lora else None))
-        if result.question or not result.candidates:
-            raise StageFailed(f"the router could not pick a model: {result.question or 'no candidates'}")
-        top = result.candidates[0]
+        top = self._routed()
         if top.converter is None or top.converter_method is None or not top.needs_feature_extraction:
             raise StageFailed(
                 f"routed to {top.model_id} {top.task}, which has no weight converter or feature extraction; "
@@ -495,36 +492,17 @@ class DemoRun:
     def convert(self) -> str:
         c = self._candidate()
         assert c.converter is not None and c.converter_method is not None  # checked by route()
-        with held_interrupt() as interrupted:
-            started = convert_weights(
-                ConvertRequest(
-                    converter=c.converter,
-                    method=c.converter_method,
-                    source=str(self.run / "weights" / "transformer"),
-                    target=str(self.run / "converted"),
-                    confirm=True,
-                )
-            )
-        assert started.run_id is not None  # confirm=True starts a run
-        if interrupted:
-            stop_job(started.run_id, confirm=True)
-            raise KeyboardInterrupt
-
-        def update(status: RunStatus) -> None:
-            p = status.progress
-            self.progress("convert", p.message[:60], p.done, p.total or None)
-
-        try:
-            final = wait_run(started.run_id, update)
-        except KeyboardInterrupt:
-            stop_job(started.run_id, confirm=True)  # the worker runs in its own session: Ctrl-C misses it
-            raise
-        report = final_report(final, started.plan)
-        if report.status not in ("converted", "unchanged"):
-            raise StageFailed(f"conversion {report.status}: {report.message}")
+        request = ConvertRequest(
+            converter=c.converter,
+            method=c.converter_method,
+            source=str(self.run / "weights" / "transformer"),
+            target=str(self.run / "converted"),
+            confirm=True,
+        )
+        report, run_id = self._run_convert(request, "convert", "conversion")
         self.art.converted = str(self.run / "converted")
         layout = ", ".join(f.path for f in report.files)
-        return f"{report.keys_converted} keys -> {layout} (run {started.run_id})"
+        return f"{report.keys_converted} keys -> {layout} (run {run_id})"
 
     def extract(self) -> str:
         status = self._job("extract", self.req.nproc)
@@ -626,21 +604,51 @@ class DemoRun:
     # -- helpers
 
     def _synth(self, args: list[str]) -> None:
-        """`python -m runtime.synth ...` in a child process: mm-agent itself never imports torch, and the
-        libraries' own progress bars land in synth.log instead of the stage display."""
-        log = self.run / SYNTH_LOG
+        """`python -m runtime.synth ...`; the libraries' own progress bars land in synth.log instead of the
+        stage display."""
+        self._run_module("runtime.synth", args, self.run / SYNTH_LOG, f"runtime.synth {args[0]}")
+
+    def _run_module(self, module: str, args: list[str], log: Path, label: str) -> None:
+        """`python -m <module> ARGS` in a child process (mm-agent itself never imports torch), output appended
+        to `log`; a failure is the stage's, with the log's last lines."""
         with log.open("a", encoding="utf-8") as fh:
             done = subprocess.run(
-                [sys.executable, "-m", "runtime.synth", *args],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                check=False,
+                [sys.executable, "-m", module, *args], stdout=fh, stderr=subprocess.STDOUT, check=False
             )
         if done.returncode != 0:
             tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-            raise StageFailed(
-                f"runtime.synth {args[0]} exited {done.returncode} (log {log}): " + " | ".join(tail)
-            )
+            raise StageFailed(f"{label} exited {done.returncode} (log {log}): " + " | ".join(tail))
+
+    def _routed(self) -> RouteCandidate:
+        """The router's first candidate for the demo's request (a question or no candidate fails the stage)."""
+        result = route_model(RouteRequest(request=self.req.request, task="lora" if self.req.lora else None))
+        if result.question or not result.candidates:
+            raise StageFailed(f"the router could not pick a model: {result.question or 'no candidates'}")
+        return result.candidates[0]
+
+    def _run_convert(self, request: ConvertRequest, stage: StageName, what: str) -> tuple[ConvertReport, str]:
+        """Start a conversion as the MCP tool does, follow it on `stage`'s row, and return its report and run id;
+        Ctrl-C stops the worker (it runs in its own session: Ctrl-C alone misses it)."""
+        with held_interrupt() as interrupted:
+            started = convert_weights(request)
+        assert started.run_id is not None  # confirm=True starts a run
+        if interrupted:
+            stop_job(started.run_id, confirm=True)
+            raise KeyboardInterrupt
+
+        def update(status: RunStatus) -> None:
+            p = status.progress
+            self.progress(stage, p.message[:60], p.done, p.total or None)
+
+        try:
+            final = wait_run(started.run_id, update)
+        except KeyboardInterrupt:
+            stop_job(started.run_id, confirm=True)
+            raise
+        report = final_report(final, started.plan)
+        if report.status not in ("converted", "unchanged"):
+            raise StageFailed(f"{what} {report.status}: {report.message}")
+        return report, started.run_id
 
     def _candidate(self) -> RouteCandidate:
         assert self.candidate is not None  # route() ran first

@@ -14,13 +14,11 @@ layout (evaluate.sh) and the exported Hugging Face folder must answer alike.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, get_args
 
-from mm_agent.convert import ConvertRequest, convert_weights, final_report
+from mm_agent.convert import ConvertReport, ConvertRequest
 from mm_agent.dataset import DatasetRequest, prepare_dataset
 from mm_agent.demo import (
     PEAK_LINE,
@@ -32,15 +30,11 @@ from mm_agent.demo import (
     OnEvent,
     StageFailed,
     StageName,
-    held_interrupt,
     prepare_run_dir,
     require_runtime,
     smoothed,
 )
 from mm_agent.errors import MMAgentError
-from mm_agent.jobs import stop_job
-from mm_agent.route import RouteRequest, route_model
-from mm_agent.runs import RunStatus, wait_run
 
 VLM_REQUEST = "fine-tune Qwen2.5-VL 3B on my images"
 VLM_MODEL = "qwen2.5vl"
@@ -151,10 +145,7 @@ class VLMDemoRun(DemoRun):
         )
 
     def route(self) -> str:
-        result = route_model(RouteRequest(request=self.req.request, task="lora" if self.req.lora else None))
-        if result.question or not result.candidates:
-            raise StageFailed(f"the router could not pick a model: {result.question or 'no candidates'}")
-        top = result.candidates[0]
+        top = self._routed()
         if top.model_id != VLM_MODEL or top.converter != VLM_CONVERTER:
             raise StageFailed(
                 f"routed to {top.model_id} {top.task}; the VLM demo rehearses Qwen2.5-VL (e.g. "
@@ -233,38 +224,16 @@ class VLMDemoRun(DemoRun):
 
     # -- helpers
 
-    def _convert(self, method: str, source: Path, target: Path, hf_dir: Path | None) -> Any:
-        with held_interrupt() as interrupted:
-            started = convert_weights(
-                ConvertRequest(
-                    converter=VLM_CONVERTER,
-                    method=method,
-                    source=str(source),
-                    target=str(target),
-                    hf_dir=str(hf_dir) if hf_dir else None,
-                    confirm=True,
-                )
-            )
-        assert started.run_id is not None  # confirm=True starts a run
-        if interrupted:
-            stop_job(started.run_id, confirm=True)
-            raise KeyboardInterrupt
-
-        def update(status: RunStatus) -> None:
-            p = status.progress
-            self.progress(
-                "convert" if method == "hf_to_mm" else "export", p.message[:60], p.done, p.total or None
-            )
-
-        try:
-            final = wait_run(started.run_id, update)
-        except KeyboardInterrupt:
-            stop_job(started.run_id, confirm=True)
-            raise
-        report = final_report(final, started.plan)
-        if report.status not in ("converted", "unchanged"):
-            raise StageFailed(f"{method} {report.status}: {report.message}")
-        return report
+    def _convert(self, method: str, source: Path, target: Path, hf_dir: Path | None) -> ConvertReport:
+        request = ConvertRequest(
+            converter=VLM_CONVERTER,
+            method=method,
+            source=str(source),
+            target=str(target),
+            hf_dir=str(hf_dir) if hf_dir else None,
+            confirm=True,
+        )
+        return self._run_convert(request, "convert" if method == "hf_to_mm" else "export", method)[0]
 
     def _answer(self, model: Path, name: str) -> dict[str, Any]:
         out = self.run / "evaluation" / name
@@ -291,15 +260,7 @@ class VLMDemoRun(DemoRun):
         return f"{report['correct']}/{report['total']} exact ({100 * report['accuracy']:.0f}%)"
 
     def _python(self, module: str, args: list[str]) -> None:
-        """`python -m <module>` in a child process (mm-agent never imports torch), output in its log."""
-        log = self.run / f"{module.rsplit('.', 1)[-1]}.log"
-        with log.open("a", encoding="utf-8") as fh:
-            done = subprocess.run(
-                [sys.executable, "-m", module, *args], stdout=fh, stderr=subprocess.STDOUT, check=False
-            )
-        if done.returncode != 0:
-            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-4:]
-            raise StageFailed(f"{module} exited {done.returncode} (log {log}): " + " | ".join(tail))
+        self._run_module(module, args, self.run / f"{module.rsplit('.', 1)[-1]}.log", module)
 
     def _lora_figures(self, log: Path) -> LoraFigures:
         text = log.read_text(encoding="utf-8", errors="replace")

@@ -190,6 +190,9 @@ class ResolvedJob(BaseModel):
     runtime: Runtime
     template: str = Field(description="template set under templates/ this job renders from")
     weights: WanWeights | None = Field(description="what the Wan checkpoint's configs say (Wan family only)")
+    weights_sized: bool = Field(
+        default=False, description="a bundled VLM job's arch was read from the weights' config.json"
+    )
     num_frames: int | None = Field(description="explicit override; templates fall back to the stock value")
     max_height: int | None
     max_width: int | None
@@ -617,9 +620,11 @@ def resolve_job(
     weights = _abs(base, spec.weights_dir or f"weights/{hf_id or entry.id}")
     size_arch = size.arch_at(version_id, task.id, task.backend)
     arch, wan = _wan_arch(entry, size, spec, weights, root, hf_id, size_arch)
+    sized = False
     if spec.runtime == "bundled" and is_bundled_vlm(entry) and (root is None or inside(Path(weights), root)):
         # the bundled runtime trains what weights_dir holds; model.json must describe that network
         found = qwen_vl_arch(Path(weights), root)
+        sized = bool(found)
         overrides = {**arch.get("model_json", {}), **found.pop("model_json", {})}
         arch.update(found)
         if overrides:
@@ -691,6 +696,7 @@ def resolve_job(
         if spec.runtime == "bundled"
         else task.template,
         weights=wan,
+        weights_sized=sized,
         num_frames=spec.num_frames,
         max_height=spec.max_height,
         max_width=spec.max_width,

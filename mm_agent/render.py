@@ -201,8 +201,8 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
     d = job.job_dir
     steps: list[str] = _master_addr_step(job)  # a multi-node job no node can join: first
     have_weights = job.weights is not None and job.weights.transformer_config is not None
-    if job.template == "bundled_vlm":  # (read by render only inside the workspace, like the arch)
-        have_weights = bool(job.arch.get("llm_layers")) and "model_json" in job.arch
+    if job.template == "bundled_vlm":
+        have_weights = job.weights_sized
     # MindSpeed-MM jobs take their downloads, conversions and data steps from the model's steps data
     # (registry/data/steps/<model>.yaml, each step citing its README section)
     cited = job.runtime != "bundled" and has_steps(job.entry, job.version.id)

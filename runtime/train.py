@@ -203,7 +203,7 @@ class Trainer:
             gbs,
         )
         self.ranks = RankSlice(mbs, self.layout.grad_acc, self.layout.dp, info.rank)
-        self._read_model_config(model_cfg)
+        self._read_model_config(model_cfg, data_cfg)
         self.lora = lora.LoraSettings.from_args(args)
         if args.auto_resume and args.save and (Path(args.save) / ckpt.TRACKER).is_file():
             log0(
@@ -257,7 +257,7 @@ class Trainer:
 
     # -- construction (the model-specific parts: runtime.vlm_train overrides these) ----------------------
 
-    def _read_model_config(self, model_cfg: dict[str, Any]) -> None:
+    def _read_model_config(self, model_cfg: dict[str, Any], data_cfg: dict[str, Any]) -> None:
         args = self.args
         self.wan = WanDiTConfig.from_predictor(require(model_cfg, "predictor", args.mm_model), args.mm_model)
         self.flow = FlowMatching(

@@ -20,6 +20,7 @@ from runtime import lora
 from runtime.errors import RuntimeFailure
 
 CONFIG = "config.json"
+CONVERTER = "Qwen2_5_VLConverter"
 
 
 def hf_config(hf_dir: Path) -> dict[str, Any]:
@@ -34,52 +35,65 @@ def hf_config(hf_dir: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def read(load: str) -> ckpt.Loaded:
-    from runtime.vlm_train import merge_vlm
+def merge_vlm(found: Any) -> tuple[dict[str, torch.Tensor], str]:
+    """A Qwen2.5-VL checkpoint's rank files joined (ViT and LLM each split by their own layers)."""
+    from mm_agent.convert.vlm import load_table
+    from mm_agent.convert.vlm_io import read_ranks
 
+    ranks, stages, _ = read_ranks(found, load_table(CONVERTER))
+    layout = ", ".join(f"{name} {split.describe()}" for name, split in stages.splits.items())
+    return ranks[0], layout
+
+
+def read(load: str) -> ckpt.Loaded:
+    """A checkpoint in MindSpeed-MM's layout (a conversion, a training save, a LoRA save), names as stored."""
     return ckpt.load_checkpoint(load, merge=merge_vlm)
+
+
+def to_hf(
+    state: dict[str, torch.Tensor], config: dict[str, Any], where: str, fix: str | None = None
+) -> dict[str, torch.Tensor]:
+    """A checkpoint's MindSpeed-MM tensors under transformers' names (`convert/vlm_state.py`, the converter's
+    table); one it does not know is a `--load` failure naming the checkpoint."""
+    from mm_agent.convert import vlm_state
+    from mm_agent.errors import MMAgentError
+
+    try:
+        return vlm_state.mm_to_hf(state, config)
+    except MMAgentError as exc:
+        raise RuntimeFailure(exc.message, file=where, field="--load", fix=fix or exc.fix or "") from exc
 
 
 def merged_state(hf_dir: Path, load: str, base: str | None) -> tuple[dict[str, torch.Tensor], ckpt.Loaded]:
     """transformers' state dict of `load` (a LoRA checkpoint: merged into `base`), and the checkpoint read."""
-    from mm_agent.convert import vlm_state
-    from mm_agent.errors import MMAgentError
-
     config = hf_config(hf_dir)
     loaded = read(load)
-    try:
-        if not lora.is_adapter_state(loaded.model):
-            if base is not None:
-                raise RuntimeFailure(
-                    f"{loaded.root} is a full checkpoint, not a LoRA adapter",
-                    file=str(loaded.root),
-                    field="--load-base-model",
-                    fix="drop --load-base-model (it is for LoRA checkpoints)",
-                )
-            return vlm_state.mm_to_hf(loaded.model, config), loaded
-        if base is None:
+    if not lora.is_adapter_state(loaded.model):
+        if base is not None:
             raise RuntimeFailure(
-                f"{loaded.root} holds a LoRA adapter only",
+                f"{loaded.root} is a full checkpoint, not a LoRA adapter",
                 file=str(loaded.root),
                 field="--load-base-model",
-                fix="pass the base it was trained on (finetune.sh's LOAD_PATH) as --load-base-model",
+                fix="drop --load-base-model (it is for LoRA checkpoints)",
             )
-        base_ckpt = read(base)
-        base_state = vlm_state.mm_to_hf(base_ckpt.model, config)
-    except MMAgentError as exc:
-        raise RuntimeFailure(exc.message, file=exc.file, field="--load", fix=exc.fix or "") from exc
+        return to_hf(loaded.model, config, str(loaded.root)), loaded
+    if base is None:
+        raise RuntimeFailure(
+            f"{loaded.root} holds a LoRA adapter only",
+            file=str(loaded.root),
+            field="--load-base-model",
+            fix="pass the base it was trained on (finetune.sh's LOAD_PATH) as --load-base-model",
+        )
+    base_ckpt = read(base)
+    base_state = to_hf(base_ckpt.model, config, str(base_ckpt.root))
     scaling = lora.scaling_of(loaded.lora, loaded.args, str(loaded.root))
     return lora.merge(base_state, loaded.model, scaling), loaded
 
 
-def build(hf_dir: Path, state: dict[str, torch.Tensor], where: str) -> Any:
-    """transformers' Qwen2.5-VL from config.json with `state` loaded strictly (tied output layer allowed)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    config = Qwen2_5_VLConfig.from_pretrained(hf_dir)
-    model = Qwen2_5_VLForConditionalGeneration(config)
+def load_strict(model: Any, state: dict[str, torch.Tensor], where: str, fix: str) -> None:
+    """`state` into `model`, every parameter accounted for (a tied output layer is the embedding)."""
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
     missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeFailure(
@@ -87,8 +101,16 @@ def build(hf_dir: Path, state: dict[str, torch.Tensor], where: str) -> Any:
             f"({', '.join(missing[:3])}), {len(unexpected)} unexpected ({', '.join(unexpected[:3])})",
             file=where,
             field="--load",
-            fix="pass the Hugging Face dir the checkpoint was trained from as --model",
+            fix=fix,
         )
     if tied:
         model.tie_weights()
+
+
+def build(hf_dir: Path, state: dict[str, torch.Tensor], where: str) -> Any:
+    """transformers' Qwen2.5-VL from config.json with `state` loaded strictly, for inference."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig.from_pretrained(hf_dir))
+    load_strict(model, state, where, "pass the Hugging Face dir the checkpoint was trained from as --model")
     return model.eval()

@@ -31,10 +31,10 @@ from runtime import lora  # noqa: E402
 from runtime import train as base  # noqa: E402
 from runtime.dist import log0  # noqa: E402
 from runtime.errors import RuntimeFailure, run_main  # noqa: E402
-from runtime.mmconfig import load_json, require  # noqa: E402
+from runtime.mmconfig import require  # noqa: E402
 from runtime.trainsets import Failed  # noqa: E402
+from runtime.vlm_load import load_strict, read, to_hf  # noqa: E402
 
-CONVERTER = "Qwen2_5_VLConverter"
 LORA_TARGETS = (
     Path(__file__).resolve().parents[1] / "mm_agent" / "registry" / "data" / "vlm_lora_targets.yaml"
 )
@@ -91,16 +91,6 @@ def _collate(items: list[Any], pad_token_id: int, label_pad_id: int) -> Any:
     return collate_vlm(items, pad_token_id, label_pad_id)
 
 
-def merge_vlm(found: Any) -> tuple[dict[str, torch.Tensor], str]:
-    """A Qwen2.5-VL checkpoint's rank files joined (ViT and LLM each split by their own layers)."""
-    from mm_agent.convert.vlm import load_table
-    from mm_agent.convert.vlm_io import read_ranks
-
-    ranks, stages, _ = read_ranks(found, load_table(CONVERTER))
-    layout = ", ".join(f"{name} {split.describe()}" for name, split in stages.splits.items())
-    return ranks[0], layout
-
-
 @functools.cache
 def lora_targets() -> dict[str, tuple[str, ...]]:
     """MindSpeed-MM's LoRA target names -> transformers' module suffixes (registry data)."""
@@ -129,7 +119,7 @@ def hf_targets(model: torch.nn.Module, targets: tuple[str, ...]) -> tuple[str, .
 class VLMTrainer(base.Trainer):
     """The Wan trainer's loop and checkpoints around transformers' Qwen2.5-VL."""
 
-    def _read_model_config(self, model_cfg: dict[str, Any]) -> None:
+    def _read_model_config(self, model_cfg: dict[str, Any], data_cfg: dict[str, Any]) -> None:
         self.model_cfg = model_cfg
         model_id = model_cfg.get("model_id")
         if model_id != "qwen2_5vl":
@@ -140,7 +130,6 @@ class VLMTrainer(base.Trainer):
                 fix="pass a Qwen2.5-VL model.json (render the job with mm-agent render --model qwen2.5vl)",
             )
         # the network is built from the Hugging Face config beside the tokenizer (read before --load)
-        data_cfg = load_json(self.args.mm_data, "data config (--mm-data)")
         pre = require(data_cfg, "dataset_param.preprocess_parameters", self.args.mm_data)
         self.hf_dir = Path(str(require(pre, "model_name_or_path", self.args.mm_data)))
         config_file = self.hf_dir / "config.json"
@@ -179,19 +168,10 @@ class VLMTrainer(base.Trainer):
             )
 
     def _load(self, path: str) -> ckpt.Loaded:
-        loaded = ckpt.load_checkpoint(path, merge=merge_vlm)
+        loaded = read(path)
         if not lora.is_adapter_state(loaded.model):
-            loaded.model = self._to_hf(loaded.model, str(loaded.root))
+            loaded.model = to_hf(loaded.model, self.hf_config, str(loaded.root), CONVERT_FIX)
         return loaded
-
-    def _to_hf(self, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
-        from mm_agent.convert import vlm_state
-        from mm_agent.errors import MMAgentError
-
-        try:
-            return vlm_state.mm_to_hf(state, self.hf_config)
-        except MMAgentError as exc:
-            raise RuntimeFailure(exc.message, file=where, field="--load", fix=CONVERT_FIX) from exc
 
     def _build(self, loaded: ckpt.Loaded | None) -> torch.nn.Module:
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -202,28 +182,14 @@ class VLMTrainer(base.Trainer):
         model = Qwen2_5_VLForConditionalGeneration(config)
         if loaded is not None:
             self._log_loading(loaded)
-            self._load_weights(model, loaded.model, str(loaded.root))
+            fix = "convert the weights these config.json and tokenizer belong to; " + CONVERT_FIX
+            load_strict(model, loaded.model, str(loaded.root), fix)
         if self.args.recompute_granularity == "full":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         frozen = self._freeze(model)
         if frozen:
             log0(self.rank, f"frozen by model.json: {', '.join(frozen)}")
         return model
-
-    def _load_weights(self, model: Any, state: dict[str, torch.Tensor], where: str) -> None:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        tied = getattr(model.config, "tie_word_embeddings", False)
-        missing = [k for k in missing if not (tied and k == "lm_head.weight")]
-        if missing or unexpected:
-            raise RuntimeFailure(
-                f"the checkpoint does not fit the model config.json builds: {len(missing)} missing "
-                f"({', '.join(missing[:3])}), {len(unexpected)} unexpected ({', '.join(unexpected[:3])})",
-                file=where,
-                field="--load",
-                fix="convert the weights these config.json and tokenizer belong to; " + CONVERT_FIX,
-            )
-        if tied:
-            model.tie_weights()
 
     def _freeze(self, model: Any) -> list[str]:
         """MindSpeed-MM's `freeze: true` on the ViT, the projector and the LLM (requires_grad off)."""

@@ -161,3 +161,9 @@ def test_the_memory_estimate_is_of_the_network_the_weights_hold(tmp_path: Path, 
         EstimateRequest(model="qwen2.5vl", size="3b", task="sft", npus=1, device="cpu")
     )
     assert stock.per_device_gb > 10 * estimate.per_device_gb
+
+
+@pytest.mark.parametrize("size", ["3b", "7b"])  # 7b's registry arch carries model.json overrides of its own
+def test_a_job_whose_weights_are_not_there_downloads_them_first(tmp_path: Path, size: str) -> None:
+    _, result, _ = _render(tmp_path, tmp_path / "not-yet", size=size)
+    assert result.next_steps[0].startswith("huggingface-cli download Qwen/Qwen2.5-VL-")
