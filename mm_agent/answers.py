@@ -50,8 +50,9 @@ def _dump(result: BaseModel, **kwargs: Any) -> dict[str, Any]:
 def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r, exclude={"candidates"})
     data["question"] = r.question  # the contract: always present, null when none
-    if not getattr(r.parsed, "rehearse", False):
-        data.get("parsed", {}).pop("rehearse", None)  # said only when asked
+    for asked in ("rehearse", "new_model"):  # said only when asked
+        if not getattr(r.parsed, asked, False):
+            data.get("parsed", {}).pop(asked, None)
     if r.candidates:  # the best one in full but its stages' commands; the others one line each
         first = r.candidates[0]
         top: dict[str, Any] = compact(first.model_dump(mode="json", exclude={"pipeline", "explanation"}))
@@ -65,6 +66,13 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     lines = []
     if r.question:
         lines.append(f"Question: {r.question}")
+    new = getattr(r, "new_model", None)
+    if new is not None:  # "add my own model": MindSpeed-MM's new-model flow, scaffolded
+        lines.append(
+            f"Your own model: {new.tool} name=<id> base={new.base} (dry run; confirm=true writes the DiT, model, "
+            f"dataset, entry, configs and registration), CLI `{new.command}`. Then rehearse it here with "
+            f"`{new.demo}` (CLI), validate_configs on its configs, and launch on NPUs; steps: {new.doc}."
+        )
     for i, c in enumerate(r.candidates[:5]):
         where = f"{getattr(c, 'npus_per_node', None) or '?'} NPUs x {getattr(c, 'nnodes', None) or 1} node(s)"
         head = "Best" if i == 0 and not r.question else f"{i + 1}."
@@ -474,6 +482,33 @@ def _estimate(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), data
 
 
+def _scaffold(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    """What would be (or was) written, where, and the next command; each file as one line in the data (the
+    texts are in the files, or in the whole model with detail=true)."""
+    data = _dump(r)
+    if not detail:
+        data["files"] = [f"{f.action} {f.path}" for f in r.files]
+        data["copy_commands"] = [shlex.join(argv) for argv in r.copy_commands]
+    verb = {"dry_run": "would write", "written": "wrote", "unchanged": "left unchanged"}[r.status]
+    where = "into the MindSpeed-MM checkout" if r.mode == "checkout" else "in the overlay folder"
+    text = (
+        f"{verb} {len(r.files)} files for {r.name} ({r.cls}, from {r.base}, MindSpeed-MM {r.mm_version}) "
+        f"{where} {r.root}; registry entry {r.registry_file}."
+    )
+    if r.copy_commands:
+        text += (
+            f"\ncopy_commands: {len(r.copy_commands)} commands copy it into a checkout; register_lines go into "
+            "predict_model.py."
+        )
+    if r.status == "dry_run":
+        text += "\nconfirm=true writes them" + (
+            "." if detail else f"; {DETAIL_HINT} (file roles, departures from the guide)."
+        )
+    if r.next_steps:
+        text += f"\nnext_steps: {len(r.next_steps)} in order, first: {r.next_steps[0]}"
+    return text, data
+
+
 def _generic(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     message = getattr(r, "message", None) or getattr(r, "status", None) or type(r).__name__
@@ -494,6 +529,7 @@ _SHAPERS: dict[str, Callable[[Any, bool], tuple[str, dict[str, Any]]]] = {
     "ConvertReport": _convert,
     "DatasetResult": _dataset,
     "EstimateResult": _estimate,
+    "ScaffoldResult": _scaffold,
 }
 
 

@@ -79,6 +79,7 @@ StageName = Literal[
     "evaluate",
     "export",
     "answer",  # demo --vlm (mm_agent/demo_vlm.py)
+    "scaffold",  # demo --new-model (mm_agent/demo_newmodel.py)
 ]
 # the Wan demo's stages, in the order they run (demo --vlm: demo_vlm.VLM_STAGES)
 STAGES: tuple[StageName, ...] = get_args(StageName)[:10]
@@ -109,6 +110,12 @@ class DemoRequest(BaseModel):
         description="rehearse Qwen2.5-VL fine-tuning instead (images + questions; clips = training images; "
         "unset clips/iters/lr/request take demo_vlm.VLM_DEFAULTS)",
     )
+    new_model: bool = Field(
+        default=False,
+        description="rehearse MindSpeed-MM's new-model flow instead: scaffold a tiny DiT of your own "
+        "(mm-agent new-model) and train it with the bundled runtime (unset fields take "
+        "demo_newmodel.NEW_MODEL_DEFAULTS)",
+    )
 
 
 class StageResult(BaseModel):
@@ -134,6 +141,9 @@ class DemoArtifacts(BaseModel):
         default=None, description="--vlm: the trained model in the Hugging Face layout"
     )
     evaluation: str | None = Field(default=None, description="--vlm: held-out answers after training (JSON)")
+    code: str | None = Field(
+        default=None, description="--new-model: the scaffolded files (an overlay of a MindSpeed-MM checkout)"
+    )
     extract_log: str | None = None
     train_log: str | None = None
     sample_log: str | None = None

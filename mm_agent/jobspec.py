@@ -350,6 +350,9 @@ def bundled_refusal(entry: ModelEntry, task: TaskSpec, size: SizeSpec) -> str | 
     """Why the bundled runtime cannot run this (model, task, size); None when it can."""
     if is_bundled_vlm(entry) and task.id in ("sft", "lora"):
         return None
+    # a scaffolded DiT (mm-agent new-model): runtime.user_train
+    if entry.user is not None and task.id == "t2v":
+        return None
     adapts_t2v = task.id == "lora" and task.weights_of == "t2v"  # a LoRA of the text-to-video DiT
     if not is_wan_family(entry) or not (task.id == "t2v" or adapts_t2v):
         return (
@@ -508,7 +511,7 @@ def _wan_arch(
     checkpoint's config.json files say (Wan family only; with `root`, only when weights_dir is inside the
     workspace)."""
     arch = dict(size.arch if size_arch is None else size_arch)
-    if not is_wan_family(entry):
+    if not is_wan_family(entry) and entry.user is None:  # a scaffolded DiT reads clips like Wan
         overrides = [f for f in ("num_frames", "max_height", "max_width", "text_len") if getattr(spec, f)]
         if overrides:
             raise MMAgentError(
@@ -519,7 +522,8 @@ def _wan_arch(
         return arch, None
     readable = root is None or inside(Path(weights_dir), root)
     weights = read_wan_weights(Path(weights_dir), root, hf_id) if readable else WanWeights()
-    arch.update(weights.arch)
+    if entry.user is None:  # a scaffolded DiT is sized by its own model.json, not the base's transformer
+        arch.update(weights.arch)
     text_len = spec.text_len or weights.text_len
     if text_len is not None:
         arch["text_len"] = text_len
@@ -561,7 +565,9 @@ def resolve_job(
     reg = registry or get_registry()
     base = (base or Path.cwd()).resolve()
     entry = reg.get(spec.model)
-    version_id = reg.check_version(spec.mm_version or reg.versions.default)
+    # a scaffolded model defaults to the release its files were written for
+    default = entry.user.mm_version if entry.user is not None else reg.versions.default
+    version_id = reg.check_version(spec.mm_version or default)
     if not entry.versions.contains(version_id):
         have = [v for v in reg.versions.ids if entry.versions.contains(v)]
         raise MMAgentError(

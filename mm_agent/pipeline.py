@@ -629,6 +629,18 @@ def _weights(entry: ModelEntry, size: SizeSpec, version: str, task: str | None =
         notes.append(
             f"No Hugging Face id recorded for {entry.name} {size.id}: place the weights in {hf_dir}."
         )
+    if entry.user is not None:  # a scaffolded DiT: only its base's encoders are downloaded
+        notes.append(
+            f"{size.hf_ids[0] if size.hf_ids else 'the base'}'s VAE, text encoder and tokenizer only; your DiT "
+            "trains from its own initial weights (no conversion)."
+        )
+        return PipelineStage(
+            stage="weights",
+            applies=bool(cmds),
+            commands=cmds,
+            notes=notes,
+            summary=f"Download the encoders {entry.name} uses",
+        )
     if entry.converter is None:
         notes.append(f"{entry.name} loads Hugging Face weights directly: no mm-convert step.")
         return PipelineStage(
@@ -730,7 +742,13 @@ def _inference(task: TaskSpec) -> PipelineStage:
 def _export(entry: ModelEntry, size: SizeSpec, version: str) -> PipelineStage:
     conv = entry.converter
     if conv is None or conv.to_hf is None:
-        why = "the converter has no to-HF method" if conv else "training saves Hugging Face-format weights"
+        why = (
+            "your DiT has no Hugging Face layout to export to; its checkpoints are MindSpeed-MM's (torch_dcp)"
+            if entry.user is not None
+            else "the converter has no to-HF method"
+            if conv
+            else "training saves Hugging Face-format weights"
+        )
         return PipelineStage(stage="export", applies=False, summary=f"No export step: {why}")
     target = f"ckpt/hf_export/{entry.id}-{size.id}"
     gap = converter_gap(conv, conv.to_hf, version)

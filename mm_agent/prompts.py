@@ -80,6 +80,13 @@ class FinetuneVlmArgs(_Args):
     dataset_file: str
 
 
+class NewModelArgs(_Args):
+    request: str
+    name: str
+    checkout: str | None = None
+    base: str | None = None
+
+
 class RecoverArgs(_Args):
     log_path: str | None = None
     run_id: str | None = Field(default=None, pattern=RUN_ID_PATTERN)
@@ -214,6 +221,36 @@ def finetune_vlm(args: FinetuneVlmArgs, root: Path) -> PromptText:
     }
     notes = rehearsal_notes(args.request, "mindspeed-mm-vlm")
     return render_workflow(load_workflows().get("finetune-vlm"), values, notes)
+
+
+def new_model(args: NewModelArgs, root: Path) -> PromptText:
+    """The new-model workflow for the user's own DiT: its name, the base route_model reads from the request
+    (or the one given), and the checkout to write into (without one: an overlay folder, said in a note)."""
+    from mm_agent.scaffold.spec import load_spec  # (registry data only)
+
+    spec = load_spec()
+    given = spec.base(args.base) if args.base is not None else None
+    if args.base is not None and given is None:
+        raise MMAgentError(
+            f"unknown base {args.base!r}",
+            field="base",
+            fix=f"use one of {', '.join(b.id for b in spec.bases)}, or leave it out (route_model picks it)",
+        )
+    routed = route_model(RouteRequest(request=args.request)).new_model
+    base = given.id if given else routed.base if routed else load_vocabulary().new_model.base
+    values = {"request": args.request, "name": args.name, "base": base}
+    notes = [
+        f"To see the loop work on this machine first: `{load_vocabulary().new_model.demo}` (CLI, no NPU)."
+    ]
+    if args.checkout is not None:
+        values["mm_root"] = _existing(args.checkout, root, "directory", "checkout")
+    else:
+        notes.append(
+            f"No checkout given: call scaffold_model with out=new_models/{args.name} instead of checkout (an "
+            "overlay: its copy_commands and register_lines put it into a checkout), and use that checkout as "
+            "mm_root in the later steps."
+        )
+    return render_workflow(load_workflows().get("new-model"), values, notes)
 
 
 def recover_failed_run(args: RecoverArgs, root: Path) -> PromptText:

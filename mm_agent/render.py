@@ -27,6 +27,7 @@ from mm_agent.jobspec import JobSpec, ResolvedJob, Runtime, resolve_job
 from mm_agent.jobwrite import write_job
 from mm_agent.launchers import LAUNCHER_FILES, check_job_dir, launcher_steps, render_launcher
 from mm_agent.paths import confine, resolve, roots_of
+from mm_agent.scaffold.usercode import user_code
 from mm_agent.templating import jinja_environment, templates_dir
 
 
@@ -110,6 +111,8 @@ def render_files(job: ResolvedJob) -> dict[str, str]:
         "version": job.version,
         # the model's cited steps with this job's paths (the job README lists them)
         "steps": job_views(job) if job.runtime != "bundled" else [],
+        # a scaffolded model (mm-agent new-model): its own files and model.json, read now
+        "user": user_code(job.entry) if job.entry.user is not None else None,
     }
     # A model's own files (templates/models/<model>/<set>/): each replaces the set's file of the same path,
     # or adds one the set lacks. The set's templates see which with `model_files`.
@@ -211,7 +214,8 @@ def _next_steps(job: ResolvedJob, files: dict[str, str]) -> list[str]:
     if job.runtime == "bundled":
         vlm = job.template == "bundled_vlm"  # a Qwen2.5-VL folder is the model itself, no transformer/
         source = job.weights_dir if vlm else str(Path(job.weights_dir) / "transformer")
-        steps.append(shlex.join(bundled_convert_command(job.entry, source=source, target=job.load_path)))
+        if job.entry.user is None:  # a scaffolded DiT trains from its own initial weights: nothing to convert
+            steps.append(shlex.join(bundled_convert_command(job.entry, source=source, target=job.load_path)))
         steps.append(f"mm-agent validate {shlex.quote(d)}")
         if job.spec.launcher is not None:
             if job.uses_features:  # one node extracts for all of them, onto the shared feature_dir

@@ -76,9 +76,20 @@ class Rehearsal(_Strict):
     demos: list[RehearsalDemo]
 
 
+class NewModelWords(_Strict):
+    words: list[str] = Field(
+        description="phrases meaning: add my own model (architecture), not a shipped one"
+    )
+    base: str = Field(description="the registered DiT the scaffold starts from when the request names none")
+    demo: str = Field(
+        pattern=r"^mm-agent demo( --[a-z][a-z-]*)*$", description="rehearses the scaffolded loop"
+    )
+
+
 class Vocabulary(_Strict):
     tasks: list[TaskWords]
     rehearsal: Rehearsal
+    new_model: NewModelWords
     launchers: list[LauncherWords] = Field(description="in priority order: the first named wins")
     families: list[FamilyWords]
     numerals: dict[str, int]
@@ -150,6 +161,7 @@ class ParsedRequest(_Strict):
     rehearse: bool = Field(
         default=False, description="asks to try it on this machine first (no NPUs): see candidates' `demo`"
     )
+    new_model: bool = Field(default=False, description="asks to add the user's own model: see `new_model`")
 
 
 class RouteChoice(_Strict):
@@ -193,6 +205,19 @@ class RouteCandidate(_Strict):
     pipeline: list[PipelineStage] = Field(description="the 8 stages (the best candidate only, unless detail)")
 
 
+class NewModelRoute(_Strict):
+    """The answer to "add my own model": MindSpeed-MM's new-model flow scaffolded by mm-agent, not a shipped
+    model. Once written, the model is a registry entry of the workspace, routed by its own name."""
+
+    tool: str = Field(
+        default="scaffold_model", description="the MCP tool (dry run first, confirm=true writes)"
+    )
+    base: str = Field(description="the registered DiT it starts from (scaffold_model base, CLI --from)")
+    command: str = Field(description="the CLI dry run; NAME is the new model's id (--yes writes)")
+    demo: str = Field(description="rehearses the scaffolded model's whole loop on this machine")
+    doc: str = "docs/new_model.md"
+
+
 class RouteResult(_Strict):
     candidates: list[RouteCandidate]
     question: str | None = Field(
@@ -202,6 +227,9 @@ class RouteResult(_Strict):
     parsed: ParsedRequest
     choices: list[RouteChoice] = Field(
         default_factory=list, description="valid alternatives named in `question` when no candidate fits"
+    )
+    new_model: NewModelRoute | None = Field(
+        default=None, description="set when the request asks to add its own model: the scaffold to call"
     )
 
 
@@ -330,6 +358,7 @@ class _Parse:
     hardware: list[str] = field(default_factory=list)
     launcher: Launcher | None = None
     rehearse: bool = False  # "on this machine first", "without NPUs", "本机先试"
+    new_model: bool = False  # "add my own model", "bring my own DiT", "自定义模型"
     unknown: list[str] = field(default_factory=list)  # model-like words that name no registry model
     notes: list[str] = field(default_factory=list)  # how the counts were read, when not as written
     phrases: list[str] = field(default_factory=list)  # vocabulary phrases found, for the question
@@ -469,6 +498,7 @@ def _parse(text: str, reg: Registry, vocab: Vocabulary) -> _Parse:
 
     p.version = _parse_version(t, reg, vocab)
     p.rehearse = _parse_rehearsal(t, vocab)  # before the counts: "without NPUs" is no count
+    p.new_model = _parse_new_model(t, vocab)  # before the families: "my own DiT" is no shipped DiT
     p.hardware = _parse_hardware(t)
     p.launcher = _parse_launcher(t, vocab)
     _parse_counts(p, vocab)
@@ -514,6 +544,35 @@ def _parse_rehearsal(t: _Text, vocab: Vocabulary) -> bool:
         "rehearsal", vocab, lambda: sorted(vocab.rehearsal.words, key=lambda w: -len(_compact(w)[0]))
     )
     return sum(t.take(w) for w in words if _compact(w)[0] in t.compact) > 0
+
+
+def _parse_new_model(t: _Text, vocab: Vocabulary) -> bool:
+    """Consume the phrases that ask to add the user's own model; True when there was one."""
+    words = _derived(
+        "new_model", vocab, lambda: sorted(vocab.new_model.words, key=lambda w: -len(_compact(w)[0]))
+    )
+    return sum(t.take(w) for w in words if _compact(w)[0] in t.compact) > 0
+
+
+def _new_model_route(p: _Parse, reg: Registry, vocab: Vocabulary) -> NewModelRoute | None:
+    """The scaffold, when the request asks to add its own model and names no model of the workspace's own
+    (a scaffolded model is a registry entry: "fine-tune my own model tinydit" routes to it). It starts from
+    the named model where the scaffold takes that one as its base, else from the vocabulary's base."""
+    if not p.new_model or any(reg.models[m].user is not None for m in p.models):
+        return None
+    from mm_agent.scaffold.spec import load_spec  # (registry data only; the scaffold itself is not imported)
+
+    sizes = set(p.sizes)
+    fits = [  # the named model's bases, the one of the size asked for (words or HF id) first
+        b
+        for m in p.models
+        for b in load_spec().bases
+        if b.model == m and (not (sizes or p.hf_size.get(m)) or b.size in sizes | {p.hf_size.get(m)})
+    ]
+    base = fits[0].id if fits else vocab.new_model.base
+    return NewModelRoute(
+        base=base, command=f"mm-agent new-model NAME --from {base}", demo=vocab.new_model.demo
+    )
 
 
 def rehearsal_demo(model_id: str, task_id: str) -> RehearsalDemo | None:
@@ -1003,7 +1062,10 @@ def route_model(req: RouteRequest) -> RouteResult:
             tw.family for tw in p.tasks if tw.family
         }
         p.tasks = [tw for tw in p.tasks if tw.only_families is None or context & set(tw.only_families)]
-    version = reg.check_version(req.mm_version) if req.mm_version else (p.version or reg.versions.default)
+    # a request naming only the user's scaffolded models defaults to the release their files were written for
+    own = {u.mm_version for m in p.models if (u := reg.models[m].user) is not None}
+    default = own.pop() if len(own) == 1 and len(p.models) == 1 else reg.versions.default
+    version = reg.check_version(req.mm_version) if req.mm_version else (p.version or default)
     p.npus, p.npus_per_node, p.nodes = _request_counts(req, p)
 
     named = set(p.models)
@@ -1063,6 +1125,9 @@ def route_model(req: RouteRequest) -> RouteResult:
     elif len(named) > 1 and len(tied) > 1:
         question = f"You named several models ({', '.join(p.models)}); which one should I set up?"
 
+    new_model = _new_model_route(p, reg, vocab)
+    if new_model is not None:  # not a shipped model: no candidate among them, no question about them
+        top, question, choices = [], None, []
     parsed = ParsedRequest(
         models=p.models,
         hf_ids=p.hf_ids,
@@ -1075,6 +1140,7 @@ def route_model(req: RouteRequest) -> RouteResult:
         hardware=p.hardware,
         launcher=p.launcher,
         rehearse=p.rehearse,
+        new_model=p.new_model,
         families=list(
             dict.fromkeys([f.family for f in p.families] + [tw.family for tw in p.tasks if tw.family])
         ),
@@ -1087,6 +1153,7 @@ def route_model(req: RouteRequest) -> RouteResult:
         question=question,
         parsed=parsed,
         choices=choices,
+        new_model=new_model,
     )
 
 

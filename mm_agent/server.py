@@ -63,8 +63,10 @@ from mm_agent.jobs import (
 )
 from mm_agent.jobs.schema import Stage
 from mm_agent.names import shown, shown_data, shown_model, text_error
+from mm_agent.registry import set_workspace
 from mm_agent.render import RenderRequest, RenderResult, render_job
 from mm_agent.route import RouteRequest, RouteResult, route_model
+from mm_agent.scaffold import ScaffoldRequest, ScaffoldResult, scaffold_model
 from mm_agent.validate import ValidateRequest, ValidationReport, validate_configs
 from mm_agent.wire import serve_readable
 
@@ -83,8 +85,9 @@ as torchrun jobs (dry run first; confirm=true returns a run id at once). job_sta
 (conversion or job: state, iteration/loss/ETA, root cause when failed), tail_logs shows its log, stop_job
 stops it (or, by pid, any process mm-agent started, and nothing else). When a run fails or looks wrong,
 diagnose_errors on its logs gives the one root cause with evidence and fixes. prepare_dataset checks a
-folder of clips or images against the model's limits and writes its data.json before render_job.
-Prompts finetune_generative, finetune_vlm and recover_failed_run give the whole tool sequence for those
+folder of clips or images against the model's limits and writes its data.json before render_job. A user who
+brings their own model (route_model's new_model) gets scaffold_model: MindSpeed-MM's new-model flow, written.
+Prompts finetune_generative, finetune_vlm, new_model and recover_failed_run give the whole tool sequence for those
 workflows. Resources: mm-agent://models (catalog), mm-agent://models/{model_id} (entry + pipeline),
 mm-agent://jobs/{path} (text files of rendered jobs in the workspace), mm-agent://skills/{name} (skills).
 Paths are relative to the server's workspace."""
@@ -231,6 +234,8 @@ def build_server(
     `trust_mm_roots`: folders whose MindSpeed-MM checkouts validate_configs(mm_root=...) may run the code of
     (none: it runs no checkout's code, and says so). `auth_token`: the bearer token HTTP clients must send."""
     root = workspace.resolve()
+    # the registry adds this workspace's own models (.mm-agent/models, written by mm-agent new-model)
+    set_workspace(root)
     guard = Guard(tuple(Path(r).resolve() for r in allow_roots), tool_timeout_s)
     mcp = _Server(root, guard, auth_token)
     _add_resources(mcp, root, guard)
@@ -446,6 +451,20 @@ def _add_tools(mcp: MCPServer, root: Path, guard: Guard, trust: tuple[Path, ...]
         render_core,
         "Render a job's scripts and configs (unset values: the stock example's). Dry run by default; confirm=t"
         "rue writes out_dir; force=true replaces another job there (backed up).",
+    )
+
+    async def scaffold_core(req: ScaffoldRequest, ctx: Context) -> ScaffoldResult:
+        return await run(lambda: scaffold_model(req, root=root))
+
+    _register(
+        mcp,
+        "scaffold_model",
+        # New files; into a checkout it also adds the registration to predict_model.py (additive, idempotent).
+        WRITES_NEW_FILES,
+        ScaffoldRequest,
+        scaffold_core,
+        "The user's own DiT as MindSpeed-MM's new-model flow (DiT, model, dataset, entry, configs, launch, regi"
+        "stration). Dry run by default; confirm=true writes.",
     )
 
     async def validate_core(req: ValidateRequest, ctx: Context) -> ValidationReport:
@@ -719,6 +738,25 @@ def _add_prompts(mcp: MCPServer, root: Path, guard: Guard) -> None:
         return await guard.run(
             lambda: prompts.finetune_vlm(prompts.parse_args(prompts.FinetuneVlmArgs, raw), root).text,
             _prompt,
+        )
+
+    @mcp.prompt(
+        name="new_model",
+        title="Add your own DiT model",
+        description="The tool sequence from 'I have my own architecture' to MindSpeed-MM's new-model flow written "
+        "for it (scaffold_model), rendered as a job, checked and launched.",
+    )
+    async def new_model(
+        request: Annotated[str, Field(description="what the user wants, e.g. 'add my own DiT video model'")],
+        name: Annotated[str, Field(description="the new model's id: lower-case letters, digits and _")],
+        checkout: Annotated[
+            str | None, Field(description="their MindSpeed-MM checkout, in the workspace (optional)")
+        ] = None,
+        base: Annotated[str | None, Field(description="the Wan DiT to start from (default: routed)")] = None,
+    ) -> str:
+        raw = {"request": request, "name": name, "checkout": checkout, "base": base}
+        return await guard.run(
+            lambda: prompts.new_model(prompts.parse_args(prompts.NewModelArgs, raw), root).text, _prompt
         )
 
     @mcp.prompt(

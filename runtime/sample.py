@@ -8,6 +8,9 @@ when `guidance_scale` > 1, decodes with the VAE and writes `<save-path>/sample_<
 A LoRA checkpoint (`--load` of a `--lora-r` training run) is merged into its base in memory
 (base + alpha / r * B @ A, MindSpeed-MM's merge); the base is `--load-base-model`, else the one its manifest names.
 Under torchrun with several processes the prompts are split across ranks.
+With `--predictor-file PATH --predictor-class NAME` the predictor is the user's own DiT (MindSpeed-MM's
+new-model flow, trained by `runtime.user_train`), built from the `predictor` block as MindSpeed-MM builds it
+(`runtime.user_dit`); everything else is the same sampler.
 """
 
 from __future__ import annotations
@@ -59,12 +62,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", choices=["auto", "npu", "cuda", "cpu"], default=None)
+    p.add_argument("--predictor-file", default=None, help="a user's DiT .py file (runtime.user_train's)")
+    p.add_argument("--predictor-class", default=None, help="the DiT class in --predictor-file")
     args, unknown = p.parse_known_args(argv)
     if unknown:
         raise RuntimeFailure(
             f"unknown flag {unknown[0]!r} for the bundled runtime",
             field=unknown[0],
             fix="remove it (`python -m runtime.sample --help` lists the flags)",
+        )
+    if (args.predictor_file is None) != (args.predictor_class is None):
+        given, other = (
+            ("--predictor-file", "--predictor-class")
+            if args.predictor_class is None
+            else ("--predictor-class", "--predictor-file")
+        )
+        raise RuntimeFailure(
+            f"{given} needs {other}",
+            field=other,
+            fix="pass both (the DiT file and its class), or neither for Wan",
         )
     return args
 
@@ -125,14 +141,26 @@ class Sampler:
         loaded = ckpt.load_checkpoint(args.load)
         kind = "release checkpoint" if loaded.release else "checkpoint"
         print(f" loading {kind} from {loaded.root}", flush=True)
-        self.model = WanDiT(WanDiTConfig.from_predictor(predictor, file))
-        load_weights(self.model, self._weights(loaded), str(loaded.root))
+        self.model = self._predictor(predictor, file, loaded)
         self.model.to(dev).eval().requires_grad_(False)
         print(
             f"  successfully loaded checkpoint from {loaded.root} [ t 1/1, p 1/1 ] at iteration {loaded.iteration}",
             flush=True,
         )
         self.negative = str(cfg.get("negative_prompt", ""))
+
+    def _predictor(self, predictor: dict[str, Any], file: str, loaded: ckpt.Loaded) -> torch.nn.Module:
+        """The Wan DiT, or the user's own (--predictor-file/--predictor-class), with the checkpoint's weights."""
+        if self.args.predictor_file is None:
+            wan = WanDiT(WanDiTConfig.from_predictor(predictor, file))
+            load_weights(wan, self._weights(loaded), str(loaded.root))
+            return wan
+        from runtime import user_dit
+
+        cls = user_dit.load_dit_class(self.args.predictor_file, self.args.predictor_class)
+        model = user_dit.build_dit(cls, predictor, file)
+        user_dit.load_weights(model, self._weights(loaded), str(loaded.root))
+        return model
 
     def _weights(self, loaded: ckpt.Loaded) -> dict[str, torch.Tensor]:
         """The model's weights: the checkpoint's own, or for a LoRA checkpoint its base with the adapter merged."""

@@ -55,13 +55,14 @@ SLOW_ENV = "MM_AGENT_TRAIN_TEST_DELAY"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise RuntimeFailure(message, fix="see `python -m runtime.train --help` for the accepted flags")
+        raise RuntimeFailure(message, fix=f"see `{self.prog} --help` for the accepted flags")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="python -m runtime.train", allow_abbrev=False, description=(__doc__ or "").split("\n")[0]
-    )
+def build_parser(
+    prog: str = "python -m runtime.train", description: str | None = None
+) -> argparse.ArgumentParser:
+    """The flags; a trainer for another model (runtime.user_train) adds its own to these."""
+    p = _Parser(prog=prog, allow_abbrev=False, description=description or (__doc__ or "").split("\n")[0])
     p.add_argument("--mm-data", required=True, help="feature_data.json, or data.json for online encoding")
     p.add_argument("--mm-model", required=True, help="pretrain_model.json")
     p.add_argument("--mm-tool", help="tools.json (read to check it parses)")
@@ -122,13 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    args, unknown = build_parser().parse_known_args(argv)
+def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    parser = parser or build_parser()
+    args, unknown = parser.parse_known_args(argv)
     if unknown:
         raise RuntimeFailure(
             f"unknown flag {unknown[0]!r} for the bundled runtime",
             field=unknown[0],
-            fix="remove it, or run the job with MindSpeed-MM (`python -m runtime.train --help` lists the flags)",
+            fix=f"remove it, or run the job with MindSpeed-MM (`{parser.prog} --help` lists the flags)",
         )
     if args.virtual_pipeline_model_parallel_size not in (None, 1):
         raise RuntimeFailure(
@@ -601,8 +603,12 @@ class Trainer:
         return 0
 
 
-def main(argv: list[str] | None = None, trainer: type[Trainer] = Trainer) -> int:
-    args = parse_args(argv)
+def main(
+    argv: list[str] | None = None,
+    trainer: type[Trainer] = Trainer,
+    parser: argparse.ArgumentParser | None = None,
+) -> int:
+    args = parse_args(argv, parser)
     device = pick_device(args.device, env_ranks().local_rank, bf16=args.bf16)
     info = init_distributed(device)
     liveness = Liveness(info.rank, info.world_size)

@@ -55,7 +55,9 @@ class WanDiTConfig:
                 f"predictor.model_id is {model_id!r}; the bundled runtime implements only 'wandit' (Wan)",
                 file=file,
                 field="predictor.model_id",
-                fix="use MindSpeed-MM for other predictors, or set model_id to wandit",
+                fix="set model_id to wandit, use MindSpeed-MM for its other predictors, or for a DiT of your own "
+                "pass its file and class: `python -m runtime.user_train` / `runtime.sample` --predictor-file F "
+                "--predictor-class C",
             )
         model_type = predictor.get("model_type", "t2v")
         if model_type != "t2v":

@@ -12,6 +12,7 @@ from demorun import run_demo_cli
 
 from mm_agent.demo import DemoReport
 from mm_agent.jobs import list_jobs, stop_job
+from mm_agent.registry import set_workspace
 from mm_agent.runs import runs_dir
 
 # A shell without job control starts background commands (`.ci/run &`) with SIGINT ignored, and children
@@ -19,6 +20,13 @@ from mm_agent.runs import runs_dir
 # here, SIGINT is back to its default in every process the tests start, as under a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _registry_workspace() -> Iterator[None]:
+    """`build_server` and the new-model demo set the registry's workspace process-wide: no test inherits one."""
+    yield
+    set_workspace(None)
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ PROMPTS = {
     "finetune_generative": "finetune-generative",
     "finetune_vlm": "finetune-vlm",
     "recover_failed_run": "recover-failed-run",
+    "new_model": "new-model",
 }
 
 
@@ -287,6 +288,7 @@ async def test_prompts_render_the_workflows(
         },
         "finetune_vlm": {"request": "fine-tune Qwen2.5-VL-3B on my data", "dataset_file": "data/train.jsonl"},
         "recover_failed_run": {"log_path": "logs"},
+        "new_model": {"request": "add my own DiT video model", "name": "tinydit"},
     }
     async with Client(build_server(workspace), mode=mode, raise_exceptions=True) as client:
         listed = {p.name: p for p in (await client.list_prompts()).prompts}
@@ -298,6 +300,7 @@ async def test_prompts_render_the_workflows(
         "finetune_generative": {"request", "dataset_dir"},
         "finetune_vlm": {"request", "dataset_file"},
         "recover_failed_run": set(),
+        "new_model": {"request", "name"},
     }
     for name, result in rendered.items():
         assert len(result.messages) == 1 and result.messages[0].role == "user"

@@ -53,6 +53,7 @@ TOOL_CLI = {
     "diagnose_errors": "diagnose",
     "list_models": "models",
     "prepare_dataset": "dataset",
+    "scaffold_model": "new-model",
 }
 # Root-cause categories fixed by changing the job (re-render); the others are checked on the machine.
 JOB_CAUSES = {
@@ -79,6 +80,8 @@ FILLERS = {
     "vit_pp_layers": "32,0",
     "family": "vlm",
     "pid": "12345",
+    "name": "tinydit",
+    "base": "wan2.1",
 }
 
 

@@ -27,6 +27,7 @@ from . import (
     jobs,
     logs,
     models,
+    new_model,
     ps,
     ranktable,
     render,
@@ -58,6 +59,7 @@ COMMANDS = (
     ps,
     stop,
     demo,
+    new_model,
     skills,
     serve,
 )

@@ -11,7 +11,9 @@ import argparse
 from typing import Any
 
 from mm_agent.demo import STAGES, DemoReport, DemoRequest, StageEvent, run_demo
+from mm_agent.demo_newmodel import NEW_MODEL_STAGES, run_new_model_demo
 from mm_agent.demo_vlm import VLM_DEFAULTS, VLM_STAGES, run_vlm_demo
+from mm_agent.errors import MMAgentError
 
 from .output import add_json_flag, console, option_error, print_json
 
@@ -28,7 +30,7 @@ def add_parser(sub: Any) -> None:
         "images and questions and tiny Qwen2.5-VL weights; convert, measure held-out accuracy, train, "
         "evaluate, export mm_to_hf, answer with transformers' generate, and diagnose.",
         epilog="examples: mm-agent demo; mm-agent demo --dir /tmp/demo --clips 4 --iters 20 --json; "
-        "mm-agent demo --lora; mm-agent demo --vlm; mm-agent demo --vlm --lora",
+        "mm-agent demo --lora; mm-agent demo --vlm; mm-agent demo --vlm --lora; mm-agent demo --new-model",
     )
     p.add_argument(
         "--dir",
@@ -66,6 +68,12 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="rehearse Qwen2.5-VL fine-tuning (images of shapes + questions, tiny weights; with --lora: an adapter)",
     )
+    p.add_argument(
+        "--new-model",
+        action="store_true",
+        help="rehearse MindSpeed-MM's new-model flow: scaffold a tiny DiT of your own (mm-agent new-model) "
+        "and train it here",
+    )
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -75,8 +83,20 @@ def _request(args: argparse.Namespace) -> DemoRequest:
 
     try:
         given = {k: v for k, v in (("clips", args.clips), ("iters", args.iters)) if v is not None}
+        if args.new_model and (args.vlm or args.lora):
+            raise MMAgentError(
+                "--new-model trains your own DiT: it does not combine with --vlm or --lora",
+                field="--new-model",
+                fix="drop --vlm/--lora",
+            )
         return DemoRequest(
-            dir=args.dir, nproc=args.nproc, device=args.device, lora=args.lora, vlm=args.vlm, **given
+            dir=args.dir,
+            nproc=args.nproc,
+            device=args.device,
+            lora=args.lora,
+            vlm=args.vlm,
+            new_model=args.new_model,
+            **given,
         )
     except ValidationError as exc:
         raise option_error(exc, "demo") from None
@@ -100,6 +120,7 @@ def print_summary(report: DemoReport) -> None:
     for label, path in (
         ("sample", a.sample),
         ("exported model", a.exported),
+        ("your model's files", a.code),
         ("held-out answers", a.evaluation),
         ("loss curve", a.loss_curve),
         ("checkpoint", a.checkpoint),
@@ -158,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(*columns, console=out, transient=False, expand=True) as bar:
         tasks: dict[str, TaskID] = {
             name: bar.add_task(name, total=1, start=False, mark="·", count="", detail="")
-            for name in (VLM_STAGES if req.vlm else STAGES)
+            for name in (VLM_STAGES if req.vlm else NEW_MODEL_STAGES if req.new_model else STAGES)
         }
 
         def on_event(event: StageEvent) -> None:
@@ -176,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task, mark="✓" if ok else "✗", detail=event.detail, total=1, completed=int(ok))
                 bar.stop_task(task)
 
-        report = (run_vlm_demo if req.vlm else run_demo)(req, on_event)
+        runner = run_vlm_demo if req.vlm else run_new_model_demo if req.new_model else run_demo
+        report = runner(req, on_event)
     if args.json:
         print_json(report)
     else:

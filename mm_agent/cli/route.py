@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     if result.question:
         out.print(f"[yellow]?[/yellow] {escape(result.question)}")
+    if result.new_model is not None:
+        new = result.new_model
+        out.print(f"your own model: scaffold MindSpeed-MM's new-model flow from {new.base}", markup=False)
+        out.print(f"   $ {new.command}          # dry run; --yes writes", markup=False)
+        out.print(f"   $ {new.demo}   # rehearse the scaffolded model here; steps: {new.doc}", markup=False)
     for i, c in enumerate(result.candidates, 1):
         avail = (
             ""

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mm_agent.errors import MMAgentError
-from mm_agent.registry import DATA_DIR, load_data
+from mm_agent.registry import DATA_DIR, get_registry, load_data
 from mm_agent.registry.schema import VersionRange
 
 FORMATS_FILE = DATA_DIR / "dataset_formats.yaml"
@@ -132,6 +132,8 @@ def reader_format(model: str, task: str, version: str, backend: str | None = Non
     Raises MMAgentError when the table has no answer (a registry model or task the data file lacks)."""
     table = load_formats()
     entries = [e for e in table.models.get(model, ()) if _matches(e, task, backend, version)]
+    if not entries and model not in table.models:
+        entries = _scaffolded(model, task)
     if not entries:
         raise MMAgentError(
             f"no dataset reader is recorded for {model} {task} at MindSpeed-MM {version}",
@@ -143,6 +145,16 @@ def reader_format(model: str, task: str, version: str, backend: str | None = Non
     return ReaderFormat(
         model=model, task=task, version=version, entry=entry, format_id=entry.format, format=fmt
     )
+
+
+def _scaffolded(model: str, task: str) -> list[ReaderEntry]:
+    """A user's scaffolded model (mm-agent new-model): its own dataset class reads a JSON list of {path, cap}
+    records relative to data_folder, which is the combine layout's data.json."""
+    entry = get_registry().models.get(model)
+    if entry is None or entry.user is None or task != "t2v":
+        return []
+    reader = ReaderRef(file=entry.user.files["dataset"], symbol=f"{entry.user.dataset_class}.__getitem__")
+    return [ReaderEntry(tasks=("t2v",), format="combine", reader=reader, keys=("path", "cap"))]
 
 
 def default_index(model: str, task: str, version: str, backend: str | None = None) -> str:

@@ -236,10 +236,15 @@ def resolve_target(req: DatasetRequest, base: Path, root: Path | None) -> Target
         ):
             if getattr(req, name) is not None:
                 spec_args[name] = getattr(req, name)
-        if "task" not in spec_args:
-            from mm_agent.registry import get_registry
+        from mm_agent.registry import get_registry
 
-            spec_args["task"] = get_registry().get(req.model).tasks[0].id  # (an unknown id: its own error)
+        entry = get_registry().get(req.model)  # (an unknown id: its own error)
+        if "task" not in spec_args:
+            spec_args["task"] = entry.tasks[0].id
+        if entry.user is not None:
+            # a scaffolded model's dataset class reads the same {path, cap} records and clip limits as the
+            # bundled job's raw-clip config, which states those limits in MindSpeed-MM's own keys
+            spec_args["runtime"] = "bundled"
         try:
             spec = RenderRequest(**spec_args)
         except ValidationError as exc:  # a value the job renderer refuses: named as this tool's field

@@ -153,6 +153,77 @@ def _load(data_dir: str) -> Registry:
     return Registry(load_models(path), load_versions(path))
 
 
-def get_registry() -> Registry:
-    """The process-wide registry (override the data folder with MM_AGENT_REGISTRY_DIR)."""
+_WORKSPACE: list[Path] = []
+
+
+def set_workspace(path: Path | None) -> None:
+    """The workspace whose own models (`.mm-agent/models/*.yaml`, written by `mm-agent new-model`) the registry
+    adds to the shipped ones: the server's workspace, the CLI's current directory (the default)."""
+    _WORKSPACE[:] = [path.resolve()] if path is not None else []
+
+
+def user_models_dir(workspace: Path | None = None) -> Path:
+    return (workspace or (_WORKSPACE[0] if _WORKSPACE else Path.cwd())) / ".mm-agent" / "models"
+
+
+def _signature(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return ()
+    out = []
+    for item in entries:
+        if item.name.endswith(".yaml") and not item.name.startswith("."):
+            st = item.stat()
+            out.append((item.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8)
+def _with_user_models(data_dir: str, folder: str, signature: tuple[tuple[str, int, int], ...]) -> Registry:
+    shipped = _load(data_dir)
+    models = dict(shipped.models)
+    for name, _, _ in signature:
+        path = Path(folder) / name
+        try:
+            entry = ModelEntry.model_validate(read_yaml(path))
+        except ValidationError as exc:
+            raise validation_error(path, exc) from exc
+        if entry.user is None:
+            raise MMAgentError(
+                "a workspace model file needs its `user:` block (it is how mm-agent finds the model's code)",
+                file=str(path),
+                field="user",
+                fix="write it again with `mm-agent new-model NAME --yes`, or delete the file",
+            )
+        if entry.id != path.stem:
+            raise MMAgentError(
+                f"id {entry.id!r} differs from the file name",
+                file=str(path),
+                field="id",
+                fix=f"rename the file to {entry.id}.yaml",
+            )
+        if entry.id in shipped.models:
+            raise MMAgentError(
+                f"{entry.id!r} is a shipped model's id",
+                file=str(path),
+                field="id",
+                fix="scaffold your model under another name (mm-agent new-model OTHER_NAME --yes) and delete this file",
+            )
+        models[entry.id] = entry
+    return Registry(models, shipped.versions)
+
+
+def shipped_registry() -> Registry:
+    """The models mm-agent ships, without any workspace's own (what generated docs and skills describe)."""
     return _load(os.environ.get("MM_AGENT_REGISTRY_DIR", str(DATA_DIR)))
+
+
+def get_registry() -> Registry:
+    """The process-wide registry (override the data folder with MM_AGENT_REGISTRY_DIR), plus the workspace's own
+    models; re-read when a file in `.mm-agent/models/` changes."""
+    folder = user_models_dir()
+    signature = _signature(folder)
+    if not signature:
+        return shipped_registry()
+    return _with_user_models(os.environ.get("MM_AGENT_REGISTRY_DIR", str(DATA_DIR)), str(folder), signature)

@@ -44,6 +44,7 @@ TemplateSet = Literal[
     "fsdp2_native",  # mindspeed_mm/fsdp/train/trainer.py <yaml>
     "accelerate_deepspeed",  # accelerate launch of a diffusers/DiffSynth training script
     "custom",  # model-specific trainer launched with torchrun/python
+    "user_dit",  # a user's DiT scaffolded by `mm-agent new-model` (MindSpeed-MM's new-model guide)
 ]
 ConverterFormat = Literal["mm", "dcp"]
 Stage = Literal[
@@ -608,6 +609,21 @@ class DepsOverlay(_Frozen):
         return self
 
 
+class UserModel(_Frozen):
+    """A model the user scaffolded with `mm-agent new-model` (MindSpeed-MM's new-model guide): where its code is and
+    what MindSpeed-MM calls it. Only workspace registry entries (`.mm-agent/models/`) have one."""
+
+    code_root: str = Field(description="the checkout written into, or the overlay folder")
+    mode: Literal["checkout", "overlay"]
+    base: str = Field(description="the new_model.yaml base its VAE, text encoder and sizes came from")
+    mm_version: str
+    model_id: str = Field(description="its key in PREDICTOR_MODEL_MAPPINGS (model.json predictor.model_id)")
+    predictor_class: str
+    model_class: str
+    dataset_class: str
+    files: dict[str, str] = Field(description="role -> path relative to code_root (dit, model_config, ...)")
+
+
 class ModelEntry(_Frozen):
     id: str = Field(description="MindSpeed-MM examples/ directory name (diffusers/flux -> flux)")
     name: str
@@ -626,6 +642,7 @@ class ModelEntry(_Frozen):
         default_factory=list, description="known dependency clashes with other models"
     )
     notes: list[str] = Field(default_factory=list)
+    user: UserModel | None = Field(default=None, description="set only for a user's scaffolded model")
 
     @field_validator("id")
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, Field
 
-from mm_agent.registry import Registry, get_registry
+from mm_agent.registry import Registry, shipped_registry
 from mm_agent.registry.schema import ModelEntry
 
 
@@ -183,20 +183,22 @@ def bundled_tasks(registry: Registry) -> list[str]:
 
 def skill_context() -> dict[str, Any]:
     """The template context (contract K2): registry, default_version, workflows, tools, signatures, cli,
-    native, launchers, rehearsal, bundled.
+    native, launchers, rehearsal, new_model, new_model_bases, bundled.
 
     `cli` maps a tool name to the CLI command of its first workflow step (scenario order), the command an
     assistant without MCP, or a person, types instead of the tool call. `native` maps each converter that
     `convert_weights` runs itself to its methods, so the skills cannot drift from `mm_agent.convert`;
     `launchers` maps each render_job launcher to the file it writes. `rehearsal` is route_model's
     vocabulary of "try it on this machine first" (its words and the demo of each model and task);
-    `bundled` lists the "model task" pairs runtime=bundled trains."""
+    `new_model` its vocabulary of "add my own model" (words, default base, demo) and `new_model_bases` the
+    bases the scaffold starts from; `bundled` lists the "model task" pairs runtime=bundled trains."""
     from mm_agent.convert.plan import NATIVE
     from mm_agent.jobspec import LAUNCHER_FILES
     from mm_agent.route import load_vocabulary
+    from mm_agent.scaffold.spec import load_spec
     from mm_agent.skills.workflows import load_workflows
 
-    registry = get_registry()
+    registry = shipped_registry()  # the skills describe what ships, never one workspace's own models
     workflows = load_workflows()
     return {
         "registry": registry,
@@ -208,5 +210,7 @@ def skill_context() -> dict[str, Any]:
         "native": {conv: sorted(methods) for conv, methods in NATIVE.items()},
         "launchers": dict(LAUNCHER_FILES),
         "rehearsal": load_vocabulary().rehearsal,
+        "new_model": load_vocabulary().new_model,
+        "new_model_bases": [b.id for b in load_spec().bases],
         "bundled": bundled_tasks(registry),
     }

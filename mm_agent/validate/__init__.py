@@ -7,7 +7,8 @@ Only regular files are read (FIFOs and devices are findings, not reads that neve
 workspace `root` every file is re-checked against it once open. With `mm_root` naming a MindSpeed-MM
 checkout, its real argument parser also judges every launch (`rules_mmparser`, in a child process): that runs
 the checkout's code, so only where `trust` allows it (the CLI: always; the server: its `--trust-mm-root`
-folders), else the report says what would run and how to allow it.
+folders), else the report says what would run and how to allow it. That checkout's (or, without one, the
+checkout a job directory lies in) DiT code is also read, never run, by `rules_newmodel` (`newmodel.*`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from mm_agent.validate import (
     rules_lora,
     rules_mmparser,
     rules_multinode,
+    rules_newmodel,
     rules_parallel,
     rules_ranktable,
     rules_vlm,
@@ -118,6 +120,7 @@ def validate_configs(
         rules_launcher,
         rules_lora,
         rules_load,
+        rules_newmodel,
         rules_estimate,
     ):
         try:

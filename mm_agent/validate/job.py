@@ -65,7 +65,7 @@ class Launch:
         name = self.entry
         return not self.is_feature and (
             name.startswith(("pretrain", "posttrain", "finetune", "train", "trainer"))
-            or name == BUNDLED_PREFIX + "train"
+            or name in (BUNDLED_PREFIX + "train", BUNDLED_PREFIX + "user_train")
         )
 
     def has(self, flag: str) -> bool:

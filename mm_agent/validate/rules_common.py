@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from mm_agent.errors import MMAgentError
 from mm_agent.validate.files import ConfigFile
 from mm_agent.validate.job import Job, Launch
 from mm_agent.validate.keys import check_keys
@@ -30,8 +31,10 @@ def check(job: Job) -> None:
         _script_syntax(job, str(script.path), script.text)
         if not script.info.commands:
             _no_launch(job, script.path, script.info.delegates)
+    own_data = _user_model_data(job)
     for cfg in job.configs.values():
-        check_keys(job.sink, cfg)
+        if cfg.path not in own_data:
+            check_keys(job.sink, cfg)
         if cfg.kind not in ("job_yaml", "unknown", "raw_dataset", "vlm_dataset", "data_txt"):
             _weight_paths(job, cfg, cfg.data, "")
     for launch in job.launches:
@@ -204,3 +207,32 @@ def _fsdp2(job: Job, launch: Launch) -> None:
             field=field,
             line=line,
         )
+
+
+def _user_model_data(job: Job) -> set[Path]:
+    """data.json of a scaffolded model (mm-agent new-model: its examples/<name>/ file, or a MindSpeed-MM job of
+    it): its keys are the user's dataset class's arguments, not MindSpeed-MM's stock dataset_param, so the stock
+    key rules do not judge it."""
+    from mm_agent.jobfile import JOB_FILE, load_job_spec
+    from mm_agent.registry import get_registry
+
+    registry = get_registry()
+    # the scaffold's own examples/<name>/data.json (validated before any job is rendered)
+    scaffolded = {
+        (Path(u.code_root) / u.files["data_config"]).resolve()
+        for m in registry.models.values()
+        if (u := m.user) is not None and "data_config" in u.files
+    }
+    out = {path for path in job.configs if path.resolve() in scaffolded}
+    for path in job.configs:
+        job_file = path.parent / JOB_FILE
+        if path.name != "data.json" or not job_file.is_file():
+            continue
+        try:
+            spec = load_job_spec(job_file)
+        except (MMAgentError, OSError, ValueError):
+            continue  # an unreadable job.yaml: the rules that read it report it
+        entry = registry.models.get(spec.model)
+        if entry is not None and entry.user is not None and spec.runtime != "bundled":
+            out.add(path)
+    return out

@@ -345,9 +345,12 @@ def _launch(expander: Expander, words: list[str], line: int) -> LaunchCommand | 
         tokens.extend(expanded)
     if launcher == "python" and len(tokens) >= 2 and tokens[0] == "-m" and tokens[1] in _TORCHRUN_MODULES:
         launcher, tokens = "torchrun", tokens[2:]
-    entry_at = next((k for k, t in enumerate(tokens) if t is not None and t.endswith(".py")), None)
-    if entry_at is None and "-m" in tokens:
-        entry_at = tokens.index("-m") + 1
+    # the entry is the first script or `-m module`, whichever comes first (a module's own arguments may name
+    # .py files, e.g. runtime.user_train --predictor-file DIT.py)
+    script_at = next((k for k, t in enumerate(tokens) if t is not None and t.endswith(".py")), None)
+    module_at = tokens.index("-m") + 1 if "-m" in tokens else None
+    starts = [k for k in (script_at, module_at) if k is not None]
+    entry_at = min(starts) if starts else None
     if entry_at is None or entry_at >= len(tokens):
         return None
     before, entry, after = tokens[:entry_at], tokens[entry_at], tokens[entry_at + 1 :]

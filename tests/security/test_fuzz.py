@@ -93,6 +93,13 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     "stop_job": {"run_id": "convert-0"},
     "prepare_dataset": {"dir": ".", "model": "wan2.1"},
     "estimate_resources": {"model": "wan2.1", "size": "1.3b", "npus": 8},
+    "scaffold_model": {
+        "name": "fuzzdit",
+        "out": "new_models/fuzzdit",
+        "layers": 2,
+        "heads": 2,
+        "confirm": True,
+    },
 }
 # Never start real work in a fuzz run: these stay dry runs whatever the fuzzer picks.
 DRY_ONLY = {
@@ -362,6 +369,7 @@ NONUTF8_TEMPLATES: dict[str, dict[str, Any]] = {
     "launch_training": {"job_dir": "job_bad"},
     "prepare_dataset": {"dir": "ds_bad", "model": "wan2.1", "task": "t2v"},
     "estimate_resources": {"model": "wan2.1", "job_dir": "job_bad"},
+    "scaffold_model": {"name": "fuzzdit", "checkout": "job_bad", "confirm": True},
 }
 IN_FLIGHT_AT_EXIT = [
     ("check_environment", {"job": "job_bad", "timeout_s": 60}),  # every check: probes in subprocesses

@@ -110,6 +110,12 @@ def _calls() -> dict[str, list[dict[str, Any]]]:
         "job_status": [{"run_id": RUN}],
         "tail_logs": [{"run_id": RUN}],
         "stop_job": [{"run_id": RUN}],
+        "scaffold_model": [
+            {"name": "baddit", "checkout": "job_bad"},  # a folder full of such names, no checkout
+            {"name": "baddit", "out": "ds_bad"},
+            {"name": "baddit", "out": "job_link"},
+            {"name": "baddit", "out": "new_bad", "confirm": True},
+        ],
     }
 
 
@@ -210,6 +216,7 @@ def test_every_tool_resource_and_prompt_answers_without_lone_surrogates(server: 
         ("finetune_vlm", {"request": "fine-tune qwen2.5vl", "dataset_file": "ds_bad/index.csv"}),
         ("recover_failed_run", {"log_path": "logs_bad"}),
         ("recover_failed_run", {"run_id": run_id}),
+        ("new_model", {"request": "add my own model", "name": "baddit", "checkout": "job_bad"}),
     ]:
         got = server.call(f"prompt {name} {args}", "prompts/get", {"name": name, "arguments": args})
         assert "result" in got or "error" in got
