@@ -76,13 +76,17 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     for i, c in enumerate(r.candidates[:5]):
         where = f"{getattr(c, 'npus_per_node', None) or '?'} NPUs x {getattr(c, 'nnodes', None) or 1} node(s)"
         head = "Best" if i == 0 and not r.question else f"{i + 1}."
+        # which LoRA: said, not implied
+        of = f" of the {c.adapts} model" if getattr(c, "adapts", None) else ""
         lines.append(
-            f"{head}: {c.model_id} {c.task} ({c.backend}, size {c.size}, {where}) via {c.entry_script}"
+            f"{head}: {c.model_id} {c.task}{of} ({c.backend}, size {c.size}, {where}) via {c.entry_script}"
         )
     if r.candidates and not r.question:
         lines.append(f"Why: {r.candidates[0].explanation}")  # (only here: the data leaves it out)
         best = r.candidates[0]
         launch = f" launcher={best.launcher}" if getattr(best, "launcher", None) else ""
+        if getattr(best, "adapts", None):  # the LoRA job render_job must be asked for
+            launch = f" adapts={best.adapts}{launch}"
         if getattr(best, "fit", None):
             lines.append(f"Memory: {best.fit}")
         if getattr(best, "demo", None):  # asked to try it on this machine first
@@ -94,7 +98,7 @@ def _route(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     if len(r.candidates) > 5:
         lines.append(f"... {len(r.candidates) - 5} more candidates in the data.")
     if not detail and r.candidates:
-        lines.append(f"Pipeline stages listed with summaries; {DETAIL_HINT} (commands of each stage).")
+        lines.append(f"{DETAIL_HINT} (each pipeline stage's commands).")
     return "\n".join(lines) or "No candidate.", data
 
 
@@ -130,8 +134,11 @@ def _install(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         f"{r.status}: {len(p.steps)} install steps for {p.model} on MindSpeed-MM {p.mm_version} ({p.arch}, "
         f"Python {p.python}, {where}); MindSpeed-MM checkout at {p.mm_root}."
     )
-    if getattr(p, "conflicts", None):
-        text += f"\n{len(p.conflicts)} conflict(s) with other models; see plan.conflicts."
+    for c in getattr(p, "conflicts", None) or []:  # named here, with the advice (so the data drops it)
+        text += f"\nConflict: {c.package} ({', '.join(c.models)}): {_cut(c.advice, 200)}"
+        if not detail:
+            for d in data.get("plan", {}).get("conflicts", []):
+                d.pop("advice", None)
     if r.status == "dry_run":
         text += "\nconfirm=true runs the steps (skipping those already done)"
         text += "." if detail else f"; {DETAIL_HINT} (verify commands, the bash script)."
@@ -144,11 +151,14 @@ _KEY_VARS = re.compile(
 
 
 def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
+    from mm_agent.render import training_script  # (render pulls in the templates: only for its answer)
+
     data = _dump(r)
     if not detail:
         values: dict[str, str] = {}
+        train = training_script(f.path for f in r.files)  # the values a user confirms are training's alone
         for f in r.files:
-            if f.kind == "shell" and f.content:
+            if f.path == train and f.content:
                 for name, value in _KEY_VARS.findall(f.content):
                     values.setdefault(name, value.strip())
         if r.status == "dry_run":  # what would be written; once written, the folder holds them
@@ -163,9 +173,10 @@ def _render(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         "unchanged": "left unchanged",
         "replaced": "replaced",
     }
+    of = f" of the {r.adapts} model" if getattr(r, "adapts", None) else ""  # which LoRA it is
     text = (
-        f"{verb[r.status]} {len(r.files)} files for {r.model} {r.task} ({r.backend}, {r.size}, MindSpeed-MM "
-        f"{r.mm_version}, runtime {r.runtime}) in {r.job_dir}."
+        f"{verb[r.status]} {len(r.files)} files for {r.model} {r.task}{of} ({r.backend}, {r.size}, "
+        f"MindSpeed-MM {r.mm_version}, runtime {r.runtime}) in {r.job_dir}."
     )
     if r.fit and not r.fit.startswith("fits "):  # a plain fit stays in the data
         text += f"\nmemory: {r.fit}"
@@ -193,24 +204,27 @@ def _validate(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
                 d = compact(f.model_dump(mode="json"))
                 shown.append(d | {"message": _cut(f.message, 200), "fix": _cut(f.fix, 200)})
         data["findings"] = shown
-        data["by_rule"] = per_rule
         data.pop("files", None)
         data["info_count"] = infos
     verdict = "ok" if r.ok else "NOT ok"
     text = f"{verdict}: {r.error_count} error(s), {r.warning_count} warning(s), {infos} info over {len(r.files)} files."
     for f in [f for f in r.findings if f.severity == "error"][:3]:
         where = Path(f.file).name + (f":{f.line}" if f.line else "")  # the folder is the job's: name only
-        text += f"\n- {f.rule} ({where}): {_cut(f.message, 160)} Fix: {_cut(f.fix, 160)}"
+        # the fix whole (a command cut in the middle cannot be run); the data then leaves both out
+        text += f"\n- {f.rule} ({where}): {_cut(f.message, 160)} Fix: {f.fix}"
+        if not detail:
+            for d in data["findings"]:
+                if d.get("rule") == f.rule and d.get("file") == f.file and d.get("line") == f.line:
+                    d.pop("fix", None)
+                    d.pop("message", None)
     for f in r.findings:  # whether a checkout's code ran (mm_root) is always said, never cut
         if f.rule == "mmparser.code_ran":
             text += f"\n{f.message}."
         elif f.rule == "mmparser.not_run":
             text += f"\n{f.message}; {f.fix}."
     if not detail and len(r.findings) > len(data["findings"]):
-        text += (
-            f"\nShown: errors and warnings, at most {BRIEF_PER_RULE} per rule (by_rule counts them all); "
-            f"{DETAIL_HINT}."
-        )
+        counts = ", ".join(f"{rule} {n}" for rule, n in per_rule.items())
+        text += f"\nBy rule: {counts}; at most {BRIEF_PER_RULE} each shown; {DETAIL_HINT}."
     return text, data
 
 
@@ -238,8 +252,7 @@ def _diagnose(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         data["other_findings"] = [
             compact(
                 {
-                    "rule_id": f.rule_id,
-                    "title": f.title,
+                    "rule_id": f.rule_id,  # (its title: in the text)
                     "role": f.role,
                     "count": f.count,
                     "ranks": f.ranks[:8],
@@ -259,7 +272,9 @@ def _diagnose(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         text = f"No failure found ({r.lines} lines in {len(r.files)} file(s))."
     else:
         rc = r.root_cause
-        text = f"Root cause: {rc.title} ({rc.category}, {rc.rule_id})"
+        # the category once: most rule ids begin with it (disk_full, host_oom_killed)
+        tag = rc.rule_id if rc.category in rc.rule_id else f"{rc.category}, {rc.rule_id}"
+        text = f"Root cause: {rc.title} ({tag})"
         if rc.ranks:
             text += f" on rank(s) {', '.join(map(str, rc.ranks[:8]))}"
         text += f".\nCause: {_cut(rc.cause, 400)}"
@@ -267,7 +282,10 @@ def _diagnose(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
             text += f"\nFix: {_cut(getattr(rc.fixes[0], 'text', str(rc.fixes[0])), 300)}"
     others = len(r.findings) - (1 if r.root_cause is not None else 0)
     if others > 0:
-        text += f"\n{others} other finding(s) listed{'' if detail else f' by title; {DETAIL_HINT}'}."
+        rest = [f for f in r.findings if f != r.root_cause]  # named here, not "see the data"
+        titles = "; ".join(_cut(f.title, 160) for f in rest[:BRIEF_FINDINGS])
+        titles += f"; {len(rest) - BRIEF_FINDINGS} more" if len(rest) > BRIEF_FINDINGS else ""
+        text += f"\nAlso: {titles}" + ("" if detail else f" ({DETAIL_HINT})") + "."
     return text, data
 
 
@@ -281,14 +299,22 @@ def _doctor(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
         ]
         data["passed"] = [c.id for c in r.checks if c.status == "ok"]
         data["skipped"] = [c.id for c in r.checks if c.status == "skip"]
+        first = next((c for c in data["checks"] if c["status"] == "fail"), None)
+        if first is not None:
+            first.pop("fix", None)  # (the text gives it, whole)
     counts = ", ".join(f"{n} {k}" for k, n in r.counts.items() if n)
     text = f"{'ok' if r.ok else 'NOT ok'}: {counts}."
+    m = r.machine  # which env the interpreter checks judged: not necessarily the one mm-agent runs in
+    judged = f"{m.python_executable} ({m.python_source})" if m.python_executable else m.python_source
+    text += f"\nTraining env judged: {_cut(judged, 200)}."
     failed = [c for c in r.checks if c.status == "fail"]
     if failed:
         text += f"\nFailing: {', '.join(c.id for c in failed)}."
         text += f"\nFirst: {failed[0].id}: {_cut(failed[0].summary, 160)}"
+        if failed[0].fix:  # whole: the one step a text-only host needs now
+            text += f"\nFix: {failed[0].fix}"
     if not detail:
-        text += f"\nFailures and warnings with their fix, the rest by id; {DETAIL_HINT} (evidence)."
+        text += f"\n{DETAIL_HINT} (evidence)."
     return text, data
 
 
@@ -383,8 +409,12 @@ def _tail(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     lines = r.lines if detail else [_cut(line) for line in condense(r.lines)]
     data["lines"] = lines
     if not detail:
-        data.pop("log", None)  # (the text names it)
-    return f"{len(lines)} line(s) of {r.log} ({r.size_bytes} bytes), in `lines`.", data
+        # the text names the log and carries the lines: said once (detail=true gives them as data too)
+        data.pop("log", None)
+        data.pop("lines", None)
+    # the lines themselves, in the text: a host that passes only text would otherwise get nothing to read
+    head = f"{len(lines)} line(s) of {r.log} ({r.size_bytes} bytes):"
+    return "\n".join([head, *lines]) if lines else f"{head} the log is empty.", data
 
 
 def _models(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
@@ -443,16 +473,31 @@ def _dataset(r: Any, detail: bool) -> tuple[str, dict[str, Any]]:
     data = _dump(r)
     data["written"] = r.written  # the contract: always present, null on a dry run
     if not detail:
-        data["rejected"] = data.get("rejected", [])[:BRIEF_REJECTED]
+        # a reason and fix said once: the next item rejected for the same one names the first (16 clips of
+        # one small sample size were 16 copies of the same 360 characters)
+        shown: list[dict[str, Any]] = []
+        first: dict[tuple[str, str], str] = {}
+        for rej in r.rejected[:BRIEF_REJECTED]:
+            key = (rej.reason, rej.fix)
+            shown.append({"path": rej.path, "same_as": first[key]} if key in first else rej.model_dump())
+            first.setdefault(key, rej.path)
+        data["rejected"] = shown
         if len(r.rejected) > BRIEF_REJECTED:
             data["rejected_more"] = len(r.rejected) - BRIEF_REJECTED
         data["limits"] = {k: v for k, v in data.get("limits", {}).items() if k in _LIMIT_KEYS}
         data["warnings"] = [_cut(w, 300) for w in r.warnings]
-    where = f"wrote {r.written}" if r.written else f"dry run, would write {r.index}"
+    if r.written:
+        where = f"wrote {r.written}"
+    elif not r.accepted:  # (with confirm=true too: nothing accepted, nothing written)
+        where = "nothing written: no item accepted"
+    else:
+        where = f"dry run, would write {r.index}"
     text = f"{r.kind}: {r.accepted} accepted, {len(r.rejected)} rejected of {r.stats.found} ({where})."
     if r.stats.reasons:
         top = sorted(r.stats.reasons.items(), key=lambda kv: -kv[1])[:4]
         text += "\nRejected by reason: " + ", ".join(f"{k} {n}" for k, n in top) + " (each with its fix)."
+    if r.rejected and not r.accepted:  # nothing to train on: the fix is the next step, in the text itself
+        text += f"\nFix ({r.rejected[0].path}): {_cut(r.rejected[0].fix, 300)}"
     if r.warnings:
         text += f"\n{len(r.warnings)} warning(s), first: {_cut(r.warnings[0], 200)}"
     if r.next_steps:

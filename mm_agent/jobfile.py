@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from mm_agent import yamlload
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import JobSpec
+from mm_agent.memo import remembered
 from mm_agent.names import not_text
 from mm_agent.paths import read_file
 
@@ -40,7 +41,8 @@ def load_job_spec(path: Path, root: Path | None = None) -> JobSpec:
     """Read a job.yaml back (for `render --from`, the launcher, the doctor); with `root`, the file must be
     a regular file inside it (`paths.read_file`)."""
     try:
-        raw = yamlload.safe_load(read_file(path, root, field="job", limit=MAX_JOB_YAML).decode("utf-8"))
+        text = read_file(path, root, field="job", limit=MAX_JOB_YAML).decode("utf-8")
+        raw = remembered("job.yaml", None, text, lambda: yamlload.safe_load(text))
     except yamlload.YAMLLimit as exc:  # an alias bomb: refused before pydantic walks it
         raise MMAgentError(f"cannot read job spec: {exc.message}", file=str(path), fix=exc.fix) from None
     except (UnicodeDecodeError, yaml.YAMLError) as exc:

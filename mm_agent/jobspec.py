@@ -60,6 +60,7 @@ class JobSpec(BaseModel):
 
     model: Name = Field(description="registry id, e.g. wan2.1, qwen2.5vl")
     task: TaskId = Field(description="what to train (see list_models)")
+    adapts: Name | None = Field(default=None, description="lora of: t2v (default), i2v (wan2.1 14b)")
     backend: Backend | None = Field(default=None, description="default: the model's first for the task")
     size: Name | None = Field(default=None, description="e.g. 1.3b, 14b (default: first)")
     mm_version: Name | None = Field(default=None, description="default: the registry's")
@@ -303,11 +304,44 @@ def _pick_task(entry: ModelEntry, spec: JobSpec, version: str) -> TaskSpec:
     return (in_version or matches)[0]
 
 
+def _adapt(entry: ModelEntry, task: TaskSpec, spec: JobSpec) -> TaskSpec:
+    """The task as the job that adapts `spec.adapts`' model (Wan2.1 14B's i2v LoRA): that model's weights,
+    configs and stock script. Without `adapts`, the registry's `weights_of` (the first stock example)."""
+    if spec.adapts is None:
+        return task
+    found = task.adapting(spec.adapts)
+    size = spec.size.lower() if spec.size else None
+    if found is not None and (size is None or found.sizes is None or size in found.sizes):
+        return found
+    options = [task, *(t for t in map(task.adapting, task.adapted()[1:]) if t is not None)]
+    have = [
+        f"adapts={t.weights_of} ({'size ' + ', '.join(t.sizes) if t.sizes else 'every size'})"
+        for t in options
+        if t.weights_of
+    ]
+    at = f" at size {size}" if size else ""
+    raise MMAgentError(
+        f"no stock {entry.id} {task.id} example adapts the {spec.adapts} model{at}",
+        field="adapts",
+        fix=f"use {' or '.join(have)}" if have else f"leave adapts out: {task.id} adapts no other model",
+    )
+
+
 def _pick_size(entry: ModelEntry, task: TaskSpec, spec: JobSpec) -> SizeSpec:
     allowed = [s for s in entry.sizes if task.sizes is None or s.id in task.sizes]
     if spec.size is None:
         return allowed[0]
     size = entry.size(spec.size)
+    if size is None:  # a parameter count ("5b") where the size ids are versions (CogVideoX 1.0, 1.5)
+        counted = [s for s in allowed if s.params == spec.size.lower()]
+        if len(counted) == 1:
+            return counted[0]
+        if counted:
+            raise MMAgentError(
+                f"{entry.id} {task.id}: size {spec.size!r} is each of {', '.join(s.id for s in counted)}",
+                field="size",
+                fix=f"name the one to train: {' or '.join(s.id for s in counted)} (sizes are {entry.name} versions)",
+            )
     if size is None or size not in allowed:
         raise MMAgentError(
             f"{entry.id} {task.id} has no size {spec.size!r}",
@@ -575,7 +609,7 @@ def resolve_job(
             field="mm_version",
             fix=f"use --mm-version {have[-1]}" if have else "pick another model",
         )
-    task = _pick_task(entry, spec, version_id)
+    task = _adapt(entry, _pick_task(entry, spec, version_id), spec)
     entry = entry.for_task(task)  # a task converted by its own converter (registry `tasks[].converter`)
     size = _pick_size(entry, task, spec)
     _check_arch_flags(entry, size)

@@ -82,7 +82,9 @@ def mounts(job: ResolvedJob) -> list[str]:
     paths = [job.job_dir, job.weights_dir, job.load_path, job.dataset_dir, job.save_path, job.feature_dir]
     if job.runtime == "mindspeed-mm":
         paths.append(job.mm_root)
-    unique = sorted({Path(p) for p in paths}, key=lambda p: len(p.parts))
+    # dict.fromkeys, not a set: a set's order follows the process's hash seed, and so would the manifest's
+    # volume list (a re-render from another process would then read as a different job)
+    unique = sorted(dict.fromkeys(Path(p) for p in paths), key=lambda p: (len(p.parts), str(p)))
     kept: list[Path] = []
     for path in unique:
         if not any(path.is_relative_to(k) for k in kept):

@@ -12,6 +12,7 @@ at the boundary, so no future tool can carry one out. Paths used to open files k
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import shlex
@@ -66,20 +67,31 @@ def shown_data(value: Any) -> Any:
     string passed through `shown`, keys included; the very same object when nothing needed escaping, so the
     common case copies nothing. A model is copied with the changed fields replaced (not validated again:
     the escaped text is still a str where a str was)."""
+    if isinstance(value, dict | list):  # every answer's data: one C-speed pass finds the common case
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
+            return value
+        except (UnicodeEncodeError, TypeError, ValueError):
+            pass  # a surrogate somewhere, or not plain JSON (a model inside): walk it
+    return _shown_data(value)
+
+
+def _shown_data(value: Any) -> Any:
     if isinstance(value, str):
         return shown(value)
     if isinstance(value, BaseModel):
         fields = {name: getattr(value, name) for name in type(value).model_fields}
         fields |= value.model_extra or {}
+        # (each field by `shown_data`: a JSON-RPC message's `result` dict gets the one-pass check)
         updates = {k: new for k, old in fields.items() if (new := shown_data(old)) is not old}
         return value.model_copy(update=updates) if updates else value
     if isinstance(value, dict):
-        items = [(shown_data(k), shown_data(v)) for k, v in value.items()]
+        items = [(_shown_data(k), _shown_data(v)) for k, v in value.items()]
         if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items(), strict=True)):
             return value
         return dict(items)
     if isinstance(value, list | tuple):
-        out = [shown_data(v) for v in value]
+        out = [_shown_data(v) for v in value]
         if all(a is b for a, b in zip(out, value, strict=True)):
             return value
         return type(value)(out) if isinstance(value, tuple) else out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,7 @@ class RenderResult(BaseModel):
     job_dir: str
     model: str
     task: str
+    adapts: str | None = Field(default=None, description="a LoRA: the task whose model it adapts")
     backend: str
     size: str
     mm_version: str
@@ -404,6 +406,7 @@ def render_job(req: RenderRequest, *, root: Path | None = None) -> RenderResult:
         job_dir=str(target),
         model=job.entry.id,
         task=job.task.id,
+        adapts=job.task.weights_of if job.task.id == "lora" else None,
         backend=job.task.backend,
         size=job.size.id,
         mm_version=job.version.id,
@@ -496,6 +499,13 @@ _STAGE_OF_SCRIPT = {
     "inference.sh": "sample",
     "evaluate.sh": "evaluate",
 }
+
+
+def training_script(paths: Iterable[str]) -> str | None:
+    """Which of a job's files is its training script (the one whose TP, MBS, LOAD_PATH a user confirms: the
+    job's other scripts set their own, e.g. inference.sh's LOAD_PATH and feature_extraction.sh's MBS)."""
+    have = set(paths)
+    return next((rel for rel, stage in _STAGE_OF_SCRIPT.items() if stage == "train" and rel in have), None)
 
 
 def stage_scripts(spec: JobSpec, *, base: Path | None = None) -> dict[str, str]:

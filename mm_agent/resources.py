@@ -16,6 +16,7 @@ import re
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from mm_agent import cancel
@@ -276,3 +277,44 @@ def read_skill(name: str, reference: str | None = None) -> str:
         known = ", ".join(list_skills()) or "none (run `mm-agent skills build`)"
         raise UnknownResource(f"no skill file {rel}", field="name", fix=f"generated skills: {known}")
     return target.read_text(encoding="utf-8")
+
+
+# The MCP Skills extension (SEP-2640): skills are ordinary resources under `skill://<name>/SKILL.md` (files
+# relative to it, e.g. `skill://<name>/references/models.md`), and `skill://index.json` names them all in the
+# Agent Skills discovery-index shape, so a skill-aware host finds every skill in one read without fetching
+# each SKILL.md. Served beside `mm-agent://skills/...` (the same files), which older clients already use.
+SKILL_SCHEME = "skill://"
+SKILL_INDEX_URI = f"{SKILL_SCHEME}index.json"
+# the Agent Skills discovery index schema that the extension's index mirrors (url: the skill:// URI; no digest:
+# the connection carries integrity; type: always skill-md, since every file is its own resource)
+SKILL_INDEX_SCHEMA = "https://schemas.agentskills.io/discovery/0.2.0/schema.json"
+
+
+def skill_uri(name: str, reference: str | None = None) -> str:
+    """The `skill://` URI of a skill's SKILL.md, or of one of its reference files."""
+    return f"{SKILL_SCHEME}{name}/references/{reference}" if reference else f"{SKILL_SCHEME}{name}/{SKILL_MD}"
+
+
+def _skill_description(name: str) -> str:
+    """The `description` of a skill's SKILL.md frontmatter (what a host shows to pick a skill)."""
+    text = read_skill(name)
+    parts = text.split("---", 2) if text.startswith("---\n") else []
+    data = yaml.safe_load(parts[1]) if len(parts) == 3 else None
+    description = data.get("description") if isinstance(data, dict) else None
+    if not isinstance(description, str) or not description:
+        raise MMAgentError(
+            f"skill {name} has no description in its SKILL.md frontmatter",
+            file=f"{name}/{SKILL_MD}",
+            field="description",
+            fix="rebuild the skills: mm-agent skills build",
+        )
+    return description
+
+
+def skill_index() -> str:
+    """`skill://index.json`: every generated skill with its description and SKILL.md URI."""
+    entries = [
+        {"name": n, "type": "skill-md", "description": _skill_description(n), "url": skill_uri(n)}
+        for n in list_skills()
+    ]
+    return json.dumps({"$schema": SKILL_INDEX_SCHEMA, "skills": entries}, indent=2, ensure_ascii=False)

@@ -177,6 +177,9 @@ class RouteCandidate(_Strict):
     name: str
     family: str
     task: str
+    adapts: str | None = Field(
+        default=None, description="a LoRA: the task whose model it adapts (render_job adapts)"
+    )
     backend: str
     size: str
     entry_script: str
@@ -814,6 +817,15 @@ def _pick_size(entry: ModelEntry, task: TaskSpec, p: _Parse) -> tuple[SizeSpec, 
     if wanted is None:  # "14b" for an "a14b" (MoE active-parameter) size id
         loose = [s.id for s in allowed for x in p.sizes if re.fullmatch(rf"[a-z]+{re.escape(x)}", s.id)]
         wanted = loose[0] if len(loose) == 1 else None
+    if wanted is None:  # "5b" for sizes named by version (CogVideoX 1.0, 1.5: both 5B): the registry's params
+        counted = [s for s in allowed if s.params is not None and s.params in p.sizes]
+        if len(counted) == 1:
+            return counted[0], None
+        if counted:  # several sizes of that count: the first, and how to pick another
+            others = ", ".join(s.id for s in counted[1:])
+            return counted[0], (
+                f"size {counted[0].params} is {entry.name} {counted[0].id} (also {others}: name it to choose)."
+            )
     size = next((s for s in allowed if s.id == wanted), None)
     if size is not None:
         return size, None
@@ -856,8 +868,9 @@ def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, vers
     request asked for (its task or family, or anything when it names neither): "rehearse VLM fine-tuning
     without NPUs" is the Qwen2.5-VL demo's model rather than a question among every VLM.
 
-    A LoRA task gets 1 more when the request also names the task it adapts (its `weights_of`, else another
-    task of the model), so "Wan2.1 text-to-video with LoRA" is the LoRA job. Tie-breakers, largest first: the requested size exists
+    A LoRA task gets 1 more when the request also names the task it adapts (its `weights_of` or one of its
+    `also_adapts`, else another task of the model), so "Wan2.1 text-to-video with LoRA" is the LoRA job, and
+    "LoRA of Wan2.1 14B image-to-video" the LoRA of the i2v model (scored as that job: its weights and sizes). Tie-breakers, largest first: the requested size exists
     (0.5), the version has it (0.25), how many distinct requested tasks the model covers ("text-to-image lora"
     prefers a model with both), status.
     """
@@ -871,13 +884,19 @@ def _score(entry: ModelEntry, task: TaskSpec, named: str | None, p: _Parse, vers
     if _task_asked(entry, task.id, p):
         score += 10
         why.append(f"task {task.id} requested")
-        adapted = task.weights_of or next(
-            (t.id for t in entry.tasks if t.id != task.id and _task_asked(entry, t.id, p)), None
-        )
-        if task.id == "lora" and adapted and _task_asked(entry, adapted, p):
+        targets = task.adapted() or [t.id for t in entry.tasks if t.id != task.id]
+        adapted = next((t for t in targets if _task_asked(entry, t, p)), None)
+        if task.id == "lora" and adapted:
             # "text-to-video with LoRA": the LoRA of the text-to-video model, not its full fine-tune
             score += 1
-            why.append(f"a LoRA of the {adapted} model")
+            variant = task.adapting(adapted)
+            if variant is not None and variant is not task:  # another stock example: that job
+                task = variant
+                why.append(
+                    f"a LoRA of the {adapted} model ({task.example_script}, render_job adapts={adapted})"
+                )
+            else:
+                why.append(f"a LoRA of the {adapted} model")
     if _family_asked(entry, task.id, p):
         score += 1
         why.append(f"{entry.family} family matches")
@@ -962,6 +981,7 @@ def _candidate(
         name=entry.name,
         family=entry.family,
         task=task.id,
+        adapts=task.weights_of if task.id == "lora" else None,
         backend=task.backend,
         size=s.size.id,
         entry_script=task.entry_script.path,
@@ -982,7 +1002,9 @@ def _candidate(
         runtime=runtime,
         demo=demo.command if demo else None,
         pipeline=list(
-            _pipeline(entry.id, task.id, task.backend, s.size.id, version, per_node, nodes, runtime)
+            _pipeline(
+                entry.id, task.id, task.backend, s.size.id, version, per_node, nodes, runtime, task.weights_of
+            )
         )
         if pipeline
         else [],
@@ -1035,12 +1057,15 @@ def _pipeline(
     per_node: int,
     nodes: int,
     runtime: Runtime,
+    adapts: str | None = None,
 ) -> tuple[PipelineStage, ...]:
-    """The 8 stages of one (model, task, size, version, layout, runtime): registry data only, so built once."""
+    """The 8 stages of one (model, task, size, version, layout, runtime; a LoRA: the task it adapts):
+    registry data only, so built once."""
     entry = get_registry().models[model_id]
     task = entry.task(task_id, backend)
-    size = next(s for s in entry.sizes if s.id == size_id)
     assert task is not None
+    task = (task.adapting(adapts) if adapts else None) or task
+    size = next(s for s in entry.sizes if s.id == size_id)
     return tuple(
         build_pipeline(entry, task, size, version, npus_per_node=per_node, nnodes=nodes, runtime=runtime)
     )
@@ -1062,6 +1087,10 @@ def route_model(req: RouteRequest) -> RouteResult:
             tw.family for tw in p.tasks if tw.family
         }
         p.tasks = [tw for tw in p.tasks if tw.only_families is None or context & set(tw.only_families)]
+    # a named model decides the family: "InternVL3 on my images" is about data, not image generation
+    if p.models:
+        named_families = {reg.models[m].family for m in p.models}
+        p.families = [f for f in p.families if f.family in named_families]
     # a request naming only the user's scaffolded models defaults to the release their files were written for
     own = {u.mm_version for m in p.models if (u := reg.models[m].user) is not None}
     default = own.pop() if len(own) == 1 and len(p.models) == 1 else reg.versions.default

@@ -26,15 +26,22 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
     CallToolResult,
+    Completion,
+    CompletionArgument,
+    CompletionContext,
+    EmptyResult,
     GetPromptResult,
     InputRequiredResult,
+    PromptReference,
     Resource,
+    ResourceTemplateReference,
+    SetLevelRequestParams,
     TextContent,
     ToolAnnotations,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mm_agent import __version__, httpauth, prompts, resources
+from mm_agent import __version__, completion, httpauth, prompts, resources
 from mm_agent.answers import answer
 from mm_agent.catalog import ListModelsRequest, ModelList, list_models
 from mm_agent.convert import ConvertReport, ConvertRequest, convert_weights
@@ -89,7 +96,8 @@ folder of clips or images against the model's limits and writes its data.json be
 brings their own model (route_model's new_model) gets scaffold_model: MindSpeed-MM's new-model flow, written.
 Prompts finetune_generative, finetune_vlm, new_model and recover_failed_run give the whole tool sequence for those
 workflows. Resources: mm-agent://models (catalog), mm-agent://models/{model_id} (entry + pipeline),
-mm-agent://jobs/{path} (text files of rendered jobs in the workspace), mm-agent://skills/{name} (skills).
+mm-agent://jobs/{path} (text files of rendered jobs in the workspace), mm-agent://skills/{name} (skills;
+also skill://index.json and skill://{name}/SKILL.md, as the Skills extension names them).
 Paths are relative to the server's workspace."""
 
 # destructive/idempotent hints mean nothing for a read-only tool (MCP spec), so they are not sent
@@ -240,6 +248,7 @@ def build_server(
     mcp = _Server(root, guard, auth_token)
     _add_resources(mcp, root, guard)
     _add_prompts(mcp, root, guard)
+    _add_completion_and_logging(mcp, root, guard)
 
     _add_tools(mcp, root, guard, tuple(Path(r).resolve() for r in trust_mm_roots))
     return mcp
@@ -694,6 +703,38 @@ def _add_resources(mcp: MCPServer, root: Path, guard: Guard) -> None:
     async def skill_reference_resource(name: str, file: str) -> str:
         return await guard.run(lambda: resources.read_skill(name, file), _read)
 
+    # The same skills the way the MCP Skills extension serves them (see resources.SKILL_SCHEME).
+    @mcp.resource(
+        resources.SKILL_INDEX_URI,
+        name="skills_index",
+        title="Index of the Agent Skills",
+        description="Every generated skill: name, description and the skill:// URI of its SKILL.md (the "
+        "Skills extension's discovery index).",
+        mime_type="application/json",
+    )
+    async def skill_index_resource() -> str:
+        return await guard.run(resources.skill_index, _read)
+
+    @mcp.resource(
+        "skill://{name}/SKILL.md",
+        name="skill_md",
+        title="An Agent Skill's SKILL.md",
+        description="The SKILL.md of a generated skill, as named in skill://index.json.",
+        mime_type="text/markdown",
+    )
+    async def skill_md_resource(name: str) -> str:
+        return await guard.run(lambda: resources.read_skill(name), _read)
+
+    @mcp.resource(
+        "skill://{name}/references/{file}",
+        name="skill_md_reference",
+        title="A reference file of an Agent Skill",
+        description="A file under references/ of a generated skill, relative to its skill://{name}/SKILL.md.",
+        mime_type="text/markdown",
+    )
+    async def skill_md_reference_resource(name: str, file: str) -> str:
+        return await guard.run(lambda: resources.read_skill(name, file), _read)
+
 
 def _add_prompts(mcp: MCPServer, root: Path, guard: Guard) -> None:
     @mcp.prompt(
@@ -776,6 +817,32 @@ def _add_prompts(mcp: MCPServer, root: Path, guard: Guard) -> None:
             lambda: prompts.recover_failed_run(prompts.parse_args(prompts.RecoverArgs, raw), root).text,
             _prompt,
         )
+
+
+def _add_completion_and_logging(mcp: MCPServer, root: Path, guard: Guard) -> None:
+    """`completion/complete` for the prompts' and resource templates' arguments (mm_agent.completion), and
+    `logging/setLevel` for clients on the handshake protocol versions, which set a level before calling tools
+    and would otherwise get "method not found". mm-agent sends no log notifications (tool progress goes as
+    progress notifications), so a set level has nothing to filter; the SDK's own per-version gate keeps the
+    method off the 2026-07-28 wire, where the level rides each request's _meta."""
+
+    @mcp.completion()
+    async def complete(
+        ref: PromptReference | ResourceTemplateReference,
+        argument: CompletionArgument,
+        context: CompletionContext | None,
+    ) -> Completion:
+        kind, name = ("prompt", ref.name) if isinstance(ref, PromptReference) else ("resource", ref.uri)
+        given = dict(context.arguments or {}) if context else {}
+        done = await guard.run(
+            lambda: completion.complete(kind, name, argument.name, argument.value, given, root), _prompt
+        )
+        return Completion(values=[shown(v) for v in done.values], total=done.total, has_more=done.has_more)
+
+    async def set_level(ctx: Any, params: SetLevelRequestParams) -> EmptyResult:
+        return EmptyResult()
+
+    mcp._lowlevel_server.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)
 
 
 def serve(

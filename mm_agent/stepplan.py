@@ -57,6 +57,7 @@ class StepContext:
             "hf_id": self.hf_id or "<hf_repo>",
             "size": self.size.id,
             "task": self.task.id,
+            "adapts": self.task.weights_of or self.task.id,  # a LoRA: the task whose model it adapts
         }
         values.update(self._layout())
         return _NAME.sub(lambda m: values.get(m.group(1), m.group(0)), text)

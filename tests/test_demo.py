@@ -227,7 +227,7 @@ async def test_mcp_job_tools_stop_and_resume_a_real_training(
         second = again.structured_content["run_id"]
         final = await until(client, second, lambda b: b["state"] != "running")
         assert final["state"] == "succeeded" and final["iteration"] == 30, final
-        log = await client.call_tool("tail_logs", {"run_id": second, "lines": 500})
+        log = await client.call_tool("tail_logs", {"run_id": second, "lines": 500, "detail": True})
         assert log.structured_content is not None
         assert any("resuming from" in line for line in log.structured_content["lines"])
     rows = [json.loads(line) for line in (run / "resume-ckpt" / "losses.jsonl").read_text().splitlines()]

@@ -177,7 +177,9 @@ def test_every_check_reports_on_this_machine() -> None:
         assert c.fix or c.status in {"ok", "skip"}, f"{c.id} {c.status} without a fix"
     assert sum(report.counts.values()) == len(CHECKS)
     assert report.ok is (report.counts["fail"] == 0)
-    assert report.machine.python == platform.python_version()
+    # mm-agent's own venv is judged only when MindSpeed-MM is in it; else python_source says none was
+    assert report.machine.agent_python == sys.executable
+    assert report.machine.python in {platform.python_version(), "-"} and report.machine.python_source
     assert report.machine.mm_version == get_registry().versions.default
 
 
@@ -363,17 +365,21 @@ def test_another_megatron_on_pythonpath_is_reported(tmp_path: Path, monkeypatch:
     # With the runtime extra installed, megatron-core's own `megatron` sits in site-packages: that is the
     # milder "tools outside the checkout import another megatron" warning, not a shadowing failure.
     expected = "warn" if importlib.util.find_spec("megatron") else "ok"
-    assert run("megatron_path", mm_root=str(root))["megatron_path"].status == expected
+    own = sys.executable  # this interpreter, named: the one whose `megatron` the expectation above found
+    assert run("megatron_path", mm_root=str(root), python=own)["megatron_path"].status == expected
     elsewhere = tmp_path / "Megatron-LM"
     (elsewhere / "megatron").mkdir(parents=True)
     (elsewhere / "megatron" / "__init__.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", str(elsewhere))
-    check = run("megatron_path", mm_root=str(root))["megatron_path"]
+    check = run("megatron_path", mm_root=str(root), python=own)["megatron_path"]
     assert check.status == "fail" and str(elsewhere / "megatron") in check.summary
 
 
 def test_model_overlay_unsatisfied_then_satisfied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    check = run("model_deps", model="wan2.1", mm_version="26.0.0")["model_deps"]
+    """Judged in a training venv of its own (a real one, bare): the fix installs into it."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True)
+    python = str(tmp_path / "env" / "bin" / "python")
+    check = run("model_deps", model="wan2.1", mm_version="26.0.0", python=python)["model_deps"]
     assert check.status == "fail" and "diffusers==0.33.1" in check.summary
     assert check.fix and check.fix.startswith("pip install diffusers==0.33.1")
     assert any(e.startswith("known conflict:") and "wan2.2" in e for e in check.evidence)
@@ -381,8 +387,8 @@ def test_model_overlay_unsatisfied_then_satisfied(tmp_path: Path, monkeypatch: p
     site = tmp_path / "site"
     fake_dist(site, "diffusers", "0.33.1")
     monkeypatch.setenv("PYTHONPATH", str(site))
-    assert run("model_deps", model="wan2.1", mm_version="26.0.0")["model_deps"].status == "ok"
-    assert run("model_deps")["model_deps"].status == "skip"
+    assert run("model_deps", model="wan2.1", mm_version="26.0.0", python=python)["model_deps"].status == "ok"
+    assert run("model_deps", python=python)["model_deps"].status == "skip"
 
 
 def test_git_pinned_overlay_and_mindspeed_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

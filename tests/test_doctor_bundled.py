@@ -143,12 +143,14 @@ def test_bundled_job_is_ready_on_this_machine(jobs: Path, capsys: pytest.Capture
 
 
 def test_mindspeed_mm_job_is_checked_as_before(jobs: Path) -> None:
-    """The same model rendered for MindSpeed-MM still needs CANN, the driver, the checkout and torch 2.7.1."""
-    report, by_id = doctor(jobs / "mm")
+    """The same model rendered for MindSpeed-MM still needs CANN, the driver, the checkout and torch 2.7.1. Judged
+    in mm-agent's own interpreter (named: otherwise it is not judged), the fix is a training env of its own."""
+    report, by_id = doctor(jobs / "mm", python=sys.executable)
     assert report.ok is False
     for cid in ("cann_version", "driver_version", "npu_devices", "mm_checkout", "torch_version", "mindspeed"):
         assert by_id[cid].status == "fail" and by_id[cid].fix, by_id[cid]
     assert "2.7.1" in by_id["torch_version"].summary
+    assert "mm-agent itself runs in that environment" in (by_id["torch_version"].fix or "")
     assert "(weights only, --no-save-optim)" in by_id["disk_space"].evidence[0]
     for cid in BUNDLED_IDS:
         assert by_id[cid].status == "skip" and "bundled runtime only" in by_id[cid].summary

@@ -102,7 +102,7 @@ def test_edited_copies_name_the_odd_node(tmp_path: Path) -> None:
     (fake / "pdsh").chmod(0o755)
     base = cli_env(tmp_path, GLOO_SOCKET_IFNAME=nic)
     with_pdsh = {**base, "PATH": f"{fake}{os.pathsep}{base['PATH']}"}
-    a = fingerprint(tmp_path, "a.json", "--job", "job", env=with_pdsh)
+    a = fingerprint(tmp_path, "a.json", "--job", "job", "--python", sys.executable, env=with_pdsh)
     no_pdsh = {**base, "PATH": os.pathsep.join(p for p in base["PATH"].split(os.pathsep) if not (Path(p) / "pdsh").exists())}  # fmt: skip
     a_nopdsh = fingerprint(tmp_path, "a-nopdsh.json", "--job", "job", env=no_pdsh)
 

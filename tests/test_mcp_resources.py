@@ -29,6 +29,8 @@ TEMPLATES = {
     "mm-agent://jobs/{+path}",
     "mm-agent://skills/{name}",
     "mm-agent://skills/{name}/references/{file}",
+    "skill://{name}/SKILL.md",
+    "skill://{name}/references/{file}",
 }
 PROMPTS = {
     "finetune_generative": "finetune-generative",

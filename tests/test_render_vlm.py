@@ -252,6 +252,24 @@ def test_user_paths_are_quoted(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout
 
 
+def test_multi_node_preprocessing_cache_is_node_local(tmp_path: Path) -> None:
+    """MindSpeed-MM's README: cache_dir must not be a mount the nodes share. Every node mounts a multi-node
+    job's directory, so there the cache goes to node-local disk (one folder per job); one node keeps it in
+    the job. Checked for the Megatron data.json and the transformers FSDP2 yaml."""
+    two = {"nnodes": 2, "master_addr": "10.0.0.1"}
+    vl = _render(tmp_path / "2", "qwen2.5vl", "sft", **two)
+    cache = _load(vl / "data.json")["dataset_param"]["basic_parameters"]["cache_dir"]
+    assert cache == "/tmp/mm-agent-cache" + str(vl)
+    assert f"node-local disk, under {cache}" in (vl / "finetune.sh").read_text(encoding="utf-8")
+    q3 = _render(tmp_path / "2", "qwen3vl", "sft", backend="megatron+fsdp2", size="8b", **two)
+    yaml_cache = _load(q3 / "train.yaml")["data"]["dataset_param"]["basic_parameters"]["cache_dir"]
+    assert yaml_cache == "/tmp/mm-agent-cache" + str(q3)
+    one = _render(tmp_path / "1", "qwen3vl", "sft", backend="megatron+fsdp2", size="8b")
+    assert _load(one / "train.yaml")["data"]["dataset_param"]["basic_parameters"]["cache_dir"] == str(
+        one / "cache_dir"
+    )
+
+
 def test_qwen3vl_transformers_yaml(tmp_path: Path) -> None:
     hf = tmp_path / "Qwen3-VL-8B-Instruct"
     out = _render(tmp_path, "qwen3vl", "sft", backend="megatron+fsdp2", size="8b", weights_dir=str(hf))

@@ -4,10 +4,12 @@ and a Qwen3-VL `pretrain_transformers.py <yaml>` job."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_validate_support import FIXTURES, assert_one, copy_job, errors, new_findings, run, sub
+from test_validate_support import FIXTURES, assert_one, copy_job, edit_json, errors, new_findings, run, sub
 
 from mm_agent.validate import rules_vlm
 
@@ -189,6 +191,36 @@ def test_cache_dir_local_or_single_node(
     assert not [f for f in run(job, mm_root=mm).findings if f.rule == "vlm.cache_dir_shared"]
     _mounts(tmp_path, monkeypatch, "xfs", mm)
     assert not new_findings(job, lambda: _two_nodes(job), mm_root=mm)
+
+
+def test_cache_dir_inside_a_multi_node_job_dir_is_flagged_on_any_filesystem(tmp_path: Path) -> None:
+    """The job directory of a multi-node job is on every node (the launchers mount it, the per-node commands
+    need it at the same path), so a cache_dir in it is shared even where this machine's mount table shows a
+    local disk; a rendered 2-node job keeps its cache node-local and is not flagged."""
+    from mm_agent.render import RenderRequest, render_job
+
+    out = tmp_path / "vl2"
+    spec = {
+        "model": "qwen2.5vl",
+        "task": "sft",
+        "nnodes": 2,
+        "master_addr": "10.0.0.1",
+        "launcher": "volcano",
+    }
+    render_job(RenderRequest(**spec, out_dir=str(out), confirm=True), root=None)
+    data = json.loads((out / "data.json").read_text(encoding="utf-8"))
+    assert not Path(data["dataset_param"]["basic_parameters"]["cache_dir"]).is_relative_to(out)
+    field = "dataset_param.basic_parameters.cache_dir"
+    found = new_findings(out, lambda: edit_json(out / "data.json", _cache_in(out / "cache_dir")))
+    f = assert_one(found, "vlm.cache_dir_shared", "warning", out / "data.json", field)
+    assert str(out) in f.message and "2 nodes" in f.message and "node-local" in f.fix
+
+
+def _cache_in(path: Path) -> Callable[[Any], None]:
+    def change(data: Any) -> None:
+        data["dataset_param"]["basic_parameters"]["cache_dir"] = str(path)
+
+    return change
 
 
 # ---- Qwen3-VL transformers YAML (pretrain_transformers.py <yaml>) ----------------------------------------

@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--job", help="rendered job directory: use its model, version, ports, workers and scripts")
     p.add_argument("--master-port", type=int, help="MASTER_PORT to check (default: job, $MASTER_PORT, 6000)")
     p.add_argument(
-        "--python", help="interpreter of the training environment (default: the one running mm-agent)"
+        "--python",
+        help="interpreter of the training environment (default: the env of `torchrun` on PATH, an activated "
+        "env, the checkout's .venv; mm-agent's own only when MindSpeed-MM is installed in it)",
     )
     p.add_argument(
         "--check", dest="checks", action="extend", nargs="+", metavar="ID", help="run only these checks"
@@ -66,7 +68,8 @@ def render(report: DoctorReport, verbose: bool) -> None:
     from rich.text import Text
 
     m = report.machine
-    title = f"mm-agent doctor: {m.hostname} ({m.arch}), Python {m.python}, MindSpeed-MM {m.mm_version}"
+    python = f", Python {m.python}" if m.python_executable else ""  # (of the training env judged, if any)
+    title = f"mm-agent doctor: {m.hostname} ({m.arch}){python}, MindSpeed-MM {m.mm_version}"
     if m.model:
         title += f", {m.model}"
     table = Table(title=title, show_lines=False, expand=False)
@@ -82,6 +85,9 @@ def render(report: DoctorReport, verbose: bool) -> None:
             table.add_row("", "", Text(f"To fix: {c.fix}", style=STYLE[c.status].replace("bold ", "")))
     out = console()
     out.print(table)
+    # which interpreter the environment checks judged, told apart from the one mm-agent runs in
+    judged = f"{m.python_executable} ({m.python_source})" if m.python_executable else m.python_source
+    out.print(Text(f"training env judged: {judged}; mm-agent runs in {m.agent_python}"))
     n = report.counts
     summary = f"{n['fail']} failed, {n['warn']} warning(s), {n['ok']} ok, {n['skip']} skipped in {report.duration_ms / 1000:.1f} s"
     if report.ok:

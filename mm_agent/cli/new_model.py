@@ -26,6 +26,12 @@ _POSITIONAL = {"name": "name", "base": "from", "confirm": "yes"}
 # CLI help where the field's own description is written for the MCP tool list (kept short there).
 _HELP = {
     "patch": "patch size as frames,height,width, e.g. 1,2,2 (default: the base's)",
+    "layers": "DiT blocks (default: the base's)",
+    "heads": "attention heads (default: the base's)",
+    "head_dim": "width per head, even (default: the base's)",
+    "hidden": "model width = heads x head_dim (sets head_dim)",
+    "freq_dim": "timestep embedding width (default: the base's)",
+    "text_dim": "text encoder width (the base's UMT5: 4096)",
     "ffn_dim": "feed-forward width of each block (default: the base's)",
     "npus_per_node": "NPUs per node in the launch script (default 8)",
     "checkout": "a MindSpeed-MM checkout to write into; its predict_model.py gets the registration",

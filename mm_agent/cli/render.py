@@ -130,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = console()
     where = "the bundled runtime" if result.runtime == "bundled" else result.backend
+    task = f"{result.task} of the {result.adapts} model" if result.adapts else result.task
     out.print(
-        f"[bold]{result.model}[/bold] {result.size} {result.task} on {where}, MindSpeed-MM {result.mm_version}"
+        f"[bold]{result.model}[/bold] {result.size} {task} on {where}, MindSpeed-MM {result.mm_version}"
     )
     verb = {"dry_run": "would write", "written": "wrote", "unchanged": "unchanged", "replaced": "replaced"}[
         result.status

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             else f" [red](not in MM {c.mm_version}; try {c.suggested_version})[/red]"
         )
         layout = f"{c.nnodes} node(s) x {c.npus_per_node} NPUs"
-        out.print(f"[bold]{i}. {c.model_id}[/bold] {c.task} on {c.backend}, size {c.size}, {layout}{avail}")
+        task = f"{c.task} of the {c.adapts} model" if c.adapts else c.task
+        out.print(f"[bold]{i}. {c.model_id}[/bold] {task} on {c.backend}, size {c.size}, {layout}{avail}")
         out.print(f"   {c.explanation}")
         if c.fit:
             out.print(f"   memory: {c.fit}", markup=False)

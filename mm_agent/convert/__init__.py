@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from mm_agent.convert.plan import confine_request, is_native, plan_conversion, require_fit
+from mm_agent.convert.predownload import download_fix, missing_download, plan_before_download, refuse_missing
 from mm_agent.convert.schema import ConvertPlan, ConvertReport, ConvertRequest
 from mm_agent.convert.upstream import INSTALL_FIX, MM_CONVERT
 from mm_agent.errors import MMAgentError
@@ -51,6 +52,17 @@ def worker_argv() -> list[str]:
 def convert_weights(req: ConvertRequest, root: Path | None = None) -> ConvertReport:
     """Dry run (`req.confirm` False): the plan. Confirmed: start the conversion and return its run id."""
     req = resolve_request(req, root)
+    if missing_download(req):  # planned before the download: from the registry, the download named first
+        if req.confirm:
+            refuse_missing(req)
+        plan = plan_before_download(req)
+        first = plan.download or download_fix(req)
+        return ConvertReport(
+            status="dry_run",
+            plan=plan,
+            message=f"dry run: the weights are not downloaded yet, so this plan is the registry's; first: {first}; "
+            "then this dry run again (exact layout and estimate); convert with confirm=true (CLI: --yes)",
+        )
     plan = plan_conversion(req)
     if not req.confirm:
         return ConvertReport(

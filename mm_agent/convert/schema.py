@@ -102,6 +102,11 @@ class ConvertPlan(_Model):
     estimate: Estimate | None = None
     mm_convert_argv: list[str] = Field(description="the equivalent MindSpeed-MM command")
     notes: list[str] = Field(default_factory=list)
+    download: str | None = Field(
+        default=None,
+        description="the source is not downloaded yet: the command that downloads it, to run first (the plan "
+        "then comes from the registry; keys, bytes and the estimate once the weights are there)",
+    )
 
 
 class Manifest(_Model):

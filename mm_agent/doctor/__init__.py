@@ -20,6 +20,7 @@ from mm_agent.doctor.context import Context
 from mm_agent.doctor.models import CheckResult, DoctorReport, DoctorRequest, MachineSummary
 from mm_agent.doctor.probes import ProbeError
 from mm_agent.doctor.registry import CHECKS, run_checks
+from mm_agent.doctor.trainenv import NoTrainingEnv, agent_python
 from mm_agent.errors import MMAgentError
 
 __all__ = ["CHECKS", "CheckResult", "DoctorReport", "DoctorRequest", "check_environment"]
@@ -43,6 +44,8 @@ def _machine(ctx: Context) -> MachineSummary:
     try:
         env = ctx.pyenv()
         python, executable = env.python, env.executable
+    except NoTrainingEnv:
+        python, executable = "-", "" if ctx.agent_fallback else ctx.python  # nothing judged
     except ProbeError:
         python, executable = "?", ctx.python
     try:
@@ -56,6 +59,8 @@ def _machine(ctx: Context) -> MachineSummary:
         cpus=os.cpu_count() or 1,
         python=python,
         python_executable=executable,
+        python_source=ctx.python_source,
+        agent_python=agent_python(),
         mm_version=ctx.version.id,
         model=f"{ctx.model.id} {ctx.size.id if ctx.size else ''}".strip() if ctx.model else None,
         mm_root=str(ctx.mm_root) if ctx.mm_root else None,

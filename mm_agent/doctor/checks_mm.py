@@ -10,7 +10,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from mm_agent.doctor.checks_python import probe_or_fail
+from mm_agent.doctor.checks_python import env_fix, probe_or_fail
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.gitinfo import editable_dir, git_head, unread
 from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
@@ -142,6 +142,7 @@ def mindspeed(ctx: Context) -> Outcome:
         f"{shlex.join(['git', 'checkout', ref]) if pinned or branch_want else 'git checkout <commit>'} && "
         "pip install -e .`" + ("" if pinned or branch_want else f" ({ref})")
     )
+    install_fix = env_fix(ctx, install_fix)
     version = env.dists.get("mindspeed")
     if version is None:
         return fail("MindSpeed is not installed: `No module named 'mindspeed'`", install_fix)
@@ -228,8 +229,11 @@ def megatron_path(ctx: Context) -> Outcome:
         evidence.append(f"outside the checkout `import megatron` resolves to {outside}")
         return warn(
             "tools run outside the checkout (mm-convert, feature extraction) import a different megatron",
-            f"pip uninstall megatron-core (MindSpeed-MM uses its own {ctx.version.megatron} copy), or run tools "
-            f"from {root}",
+            env_fix(
+                ctx,
+                f"pip uninstall megatron-core (MindSpeed-MM uses its own {ctx.version.megatron} copy), or run "
+                f"tools from {root}",
+            ),
             evidence,
         )
     return ok("no other megatron shadows the checkout's", evidence)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from mm_agent import procs
 from mm_agent.doctor.context import Context
 from mm_agent.doctor.registry import Outcome, check, fail, ok, skip, warn
+from mm_agent.doctor.runowners import RunOwner, owner_of, run_processes
 
 HCCL_BASE_PORT = 60000  # HCCL host-NIC listen port base (HCCL_IF_BASE_PORT)
 HCCL_PORT_COUNT = 32  # 60000-60031 by default
@@ -176,15 +177,50 @@ def npu_nic_port(ctx: Context) -> Outcome:
 
 @check("stale_processes", "No leftover training processes")
 def stale_processes(ctx: Context) -> Outcome:
+    """Training processes running now. One that a run of another workspace started (every workspace of a user
+    shares the state directory, `runowners.py`) is named with its run and workspace, not counted as this
+    workspace's leftover, and never offered for stopping here; the CLI serves no one workspace and names whose
+    each is."""
     found = procs.stale_training_processes(ctx.records())
     if not found:
         return ok("no torchrun / pretrain_*.py / MindSpeed processes running")
-    evidence = [holder_line(p) for p in found]
-    own = [p for p in found if p.started_by_mm_agent]
+    table = run_processes()
+    mine: list[tuple[procs.ProcInfo, RunOwner | None]] = []
+    others: list[tuple[procs.ProcInfo, RunOwner]] = []
+    for p in found:
+        run = owner_of(p.pid, table)
+        if run is not None and ctx.root is not None and not run.serves(ctx.root):
+            others.append((p, run))
+        else:
+            mine.append((p, run))
+    evidence = [holder_line(p) + (f" [run {run.run_id} of {run.whose()}]" if run else "") for p, run in mine]
+    evidence += [
+        f"{holder_line(p)} [run {run.run_id} of {run.whose()}: not this workspace's, left alone]"
+        for p, run in others
+    ]
+    foreign = sorted({run.run_id for _, run in others})
+    if not mine:
+        return ok(
+            f"no leftover training processes of this workspace; {len(others)} running belong to another "
+            f"workspace's run(s) {', '.join(foreign)}",
+            evidence,
+        )
+    own = [p for p, _ in mine if p.started_by_mm_agent]
+    hints: list[str] = []
+    for p, run in mine:
+        hint = (
+            f"run {run.run_id} ({run.whose()}): `mm-agent stop {run.run_id}` (dry run), then "
+            f"`mm-agent stop {run.run_id} --yes` (stop_job run_id={run.run_id})"
+            if run is not None
+            else p.stop_hint
+        )
+        if hint not in hints:
+            hints.append(hint)
+    also = f"; {len(others)} more belong to other workspaces' runs ({', '.join(foreign)})" if others else ""
     return warn(
-        f"{len(found)} training process(es) running"
+        f"{len(mine)} training process(es) running"
         + (f" ({len(own)} started by mm-agent)" if own else "")
-        + ": leftovers hold ports, NPUs and HBM",
-        f"if they belong to an earlier run: {_hints(found)} Then wait ~10 s for the NPUs to be released.",
+        + f": leftovers hold ports, NPUs and HBM{also}",
+        f"if they belong to an earlier run: {' '.join(hints)} Then wait ~10 s for the NPUs to be released.",
         evidence,
     )

@@ -17,18 +17,38 @@ from mm_agent.doctor.context import Context
 from mm_agent.doctor.gitinfo import installed_commit
 from mm_agent.doctor.probes import EnvProbe, ProbeError, run_torch_npu_probe
 from mm_agent.doctor.registry import MM_ONLY, Outcome, check, fail, ok, skip, warn
+from mm_agent.doctor.trainenv import NoTrainingEnv
 
 
-def probe_or_fail(ctx: Context) -> EnvProbe | Outcome:
-    """The interpreter probe, or the `fail` every interpreter check reports when it cannot run."""
+def probe_or_fail(ctx: Context, lead: bool = False) -> EnvProbe | Outcome:
+    """The judged interpreter's probe, or the `fail` every interpreter check reports when it cannot run. When
+    no training environment is judged (`trainenv.py`), the `lead` check (python_version) warns with why and how
+    to name one; the others skip, pointing at it."""
     try:
         return ctx.pyenv()
+    except NoTrainingEnv as exc:
+        if lead:
+            return warn(exc.summary, exc.fix, exc.evidence)
+        return skip("no training environment judged (see python_version): pass --python <env>/bin/python")
     except ProbeError as exc:
         return fail(
             f"cannot inspect the training interpreter: {exc}",
             "pass the training environment's interpreter with --python /path/to/env/bin/python",
             [f"interpreter: {ctx.python}"],
         )
+
+
+def env_fix(ctx: Context, fix: str) -> str:
+    """`fix` (an install into the judged env) as it applies when that env is mm-agent's own and the run is
+    MindSpeed-MM's: never in mm-agent's env (it would break mm-agent and leave the job without its own), but
+    in a training env of its own."""
+    if not ctx.judges_agent_env:
+        return fix
+    return (
+        f"not in {ctx.python}: mm-agent itself runs in that environment. Create a separate training env "
+        f"(Python {ctx.version.python}, e.g. `conda create -n mm python={ctx.version.python}`), there: {fix}; "
+        "then pass its interpreter with --python"
+    )
 
 
 def base_version(text: str) -> str:
@@ -52,7 +72,7 @@ def _pin(value: str) -> str:
 
 @check("python_version", "Python version matches the MindSpeed-MM version", MM_ONLY)
 def python_version(ctx: Context) -> Outcome:
-    env = probe_or_fail(ctx)
+    env = probe_or_fail(ctx, lead=True)
     if isinstance(env, Outcome):
         return env
     want = ctx.version.python
@@ -87,20 +107,26 @@ def torch_version(ctx: Context) -> Outcome:
     if torch is None:
         return fail(
             "torch is not installed",
-            f"pip install torch=={want_torch} then the matching torch_npu wheel ({wheel}) for your CPU architecture",
+            env_fix(
+                ctx,
+                f"pip install torch=={want_torch} then the matching torch_npu wheel ({wheel}) for your CPU architecture",
+            ),
             evidence,
         )
     if base_version(torch) != want_torch:
         return fail(
             f"torch {torch}, but MindSpeed-MM {v.id} needs torch {want_torch}",
-            f"pip install torch=={want_torch} and the matching {wheel} (torch_npu only loads into the torch "
-            "release it was built for)",
+            env_fix(
+                ctx,
+                f"pip install torch=={want_torch} and the matching {wheel} (torch_npu only loads into the torch "
+                "release it was built for)",
+            ),
             evidence,
         )
     if npu is None:
         return fail(
             f"torch {torch} is installed but torch_npu is not: no NPU backend",
-            f"pip install the torch_npu wheel built for torch {want_torch} ({wheel})",
+            env_fix(ctx, f"pip install the torch_npu wheel built for torch {want_torch} ({wheel})"),
             evidence,
         )
     for spec in env.requires.get("torch_npu", []):
@@ -111,14 +137,20 @@ def torch_version(ctx: Context) -> Outcome:
         if req.name == "torch" and not req.marker and not _satisfies(torch, req.specifier):
             return fail(
                 f"torch_npu {npu} requires torch{req.specifier}, but torch {torch} is installed",
-                f"install the torch_npu built for torch {want_torch} ({wheel}), or torch{req.specifier}",
+                env_fix(
+                    ctx,
+                    f"install the torch_npu built for torch {want_torch} ({wheel}), or torch{req.specifier}",
+                ),
                 [*evidence, f"torch_npu metadata: Requires-Dist {spec}"],
             )
     if base_version(npu) != want_torch:
         return warn(
             f"torch_npu {npu} does not carry torch {want_torch}'s version",
-            f"install the torch_npu wheel for torch {want_torch} ({wheel}); a mismatched pair fails at "
-            "`import torch_npu` or at NPU init (ERR00100 / error code 500001)",
+            env_fix(
+                ctx,
+                f"install the torch_npu wheel for torch {want_torch} ({wheel}); a mismatched pair fails at "
+                "`import torch_npu` or at NPU init (ERR00100 / error code 500001)",
+            ),
             evidence,
         )
     return ok(f"torch {torch}, torch_npu {npu}", evidence)
@@ -149,7 +181,7 @@ def torch_npu_import(ctx: Context) -> Outcome:
                 "TORCH_DEVICE_BACKEND_AUTOLOAD=0, or uninstall torch_npu: with torch_npu installed and CANN "
                 "absent, even `import torch` fails"
             )
-        return fail("import torch_npu fails", fix, [error])
+        return fail("import torch_npu fails", env_fix(ctx, fix), [error])
     count = result.get("npu_count") or 0
     evidence = [
         f"torch {result.get('torch')}, torch_npu {result.get('torch_npu')}, CANN {result.get('cann')}"
@@ -197,14 +229,20 @@ def base_deps(ctx: Context) -> Outcome:
     if missing:
         return fail(
             f"missing: {', '.join(missing)}",
-            f"install MindSpeed-MM into this env (`pip install -e .` in the checkout), or "
-            f"`pip install {' '.join(shlex.quote(m) for m in missing + drift)}`",
+            env_fix(
+                ctx,
+                f"install MindSpeed-MM into this env (`pip install -e .` in the checkout), or "
+                f"`pip install {' '.join(shlex.quote(m) for m in missing + drift)}`",
+            ),
             evidence,
         )
     if drift:
         return warn(
             f"installed versions differ from the pins: {', '.join(drift)}",
-            f"pip install {' '.join(shlex.quote(d) for d in drift)} (the versions MindSpeed-MM {ctx.version.id} was tested with)",
+            env_fix(
+                ctx,
+                f"pip install {' '.join(shlex.quote(d) for d in drift)} (the versions MindSpeed-MM {ctx.version.id} was tested with)",
+            ),
             evidence,
         )
     return ok("base pins satisfied", evidence)
@@ -266,7 +304,7 @@ def model_deps(ctx: Context) -> Outcome:
     fix = " && ".join(([f"pip install {' '.join(shlex.quote(b) for b in pips)}"] if pips else []) + git_fixes)
     if conflicts:
         fix += f" — these pins clash with other models' ({len(conflicts)} known conflict(s) listed): keep one venv per model"
-    return fail(f"{name}: not satisfied: {', '.join(bad)}", fix, [*evidence, *conflicts])
+    return fail(f"{name}: not satisfied: {', '.join(bad)}", env_fix(ctx, fix), [*evidence, *conflicts])
 
 
 @check("decord", "decord (video reader) importable")
@@ -297,6 +335,7 @@ def decord(ctx: Context) -> Outcome:
         )
     else:
         fix = f"pip install decord==0.6.0{other_reader}"
+    fix = env_fix(ctx, fix)
     evidence = [
         "the bundled runtime decodes clips with decord (runtime/video.py)"
         if bundled

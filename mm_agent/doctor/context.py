@@ -19,6 +19,7 @@ from mm_agent.doctor.bundled import requirement_names
 from mm_agent.doctor.interpreter import check_interpreter, interpreter_path
 from mm_agent.doctor.models import DoctorRequest, Status
 from mm_agent.doctor.probes import EnvProbe, ProbeError, run_env_probe
+from mm_agent.doctor.trainenv import MM_DISTS, NoTrainingEnv, is_agent_env, search
 from mm_agent.errors import MMAgentError
 from mm_agent.jobspec import ResolvedJob, Runtime, resolve_job
 from mm_agent.npu_smi import NpuSmiInfo, query
@@ -91,8 +92,15 @@ class Context:
         self.mm_root: Path | None = None
         self.mm_root_source = ""
         self.mm_root_from_env = False  # the operator's $MM_ROOT: trusted like the rest of the server's env
-        self.python = sys.executable
+        self.python = sys.executable  # the interpreter the checks judge (see `trainenv.py` for which)
         self.python_source = "the interpreter running mm-agent"
+        # mm-agent's own interpreter is the only candidate left (`trainenv.py`, 5.): judged only when
+        # MindSpeed-MM is installed in it, otherwise `pyenv` raises NoTrainingEnv.
+        self.agent_fallback = False
+        # Why nothing is judged, decided before any probe (the training env lies outside the workspace).
+        self.no_env: NoTrainingEnv | None = None
+        self.passed_over: list[str] = []  # training-env candidates not taken, and why (`trainenv.search`)
+        self._probed = threading.local()  # per check thread: whether the check read the judged interpreter
         # A bundled job's own interpreter that could not be probed: (status, summary, fix) for runtime_install.
         self.python_problem: tuple[Status, str, str] | None = None
         self.master_port = DEFAULT_MASTER_PORT
@@ -166,9 +174,50 @@ class Context:
             python = interpreter_path(req.python, ctx.root, base)
             check_interpreter(python)  # a script, shell or other program is refused, never run
             ctx.python, ctx.python_source = str(python), "--python"
+            if ctx.judges_agent_env:
+                ctx.python_source += ", mm-agent's own interpreter"
         elif ctx.job is not None and ctx.runtime == "bundled":
             ctx._use_job_interpreter()
+        else:
+            ctx._find_training_env()
         return ctx
+
+    @property
+    def judges_agent_env(self) -> bool:
+        """The judged interpreter is mm-agent's own, for a MindSpeed-MM run: its fixes must not change it."""
+        return self.runtime == "mindspeed-mm" and self.no_env is None and is_agent_env(self.python)
+
+    def _find_training_env(self) -> None:
+        """A MindSpeed-MM run's training environment when the request names none (`trainenv.py`): the first
+        candidate that is not mm-agent's own; with a workspace one outside it is named, not probed."""
+        try:
+            checkout = self.checkout()
+        except MMAgentError:
+            checkout = None  # mm_checkout reports it
+        found = search(self.env, checkout)
+        self.passed_over = found.passed_over
+        for cand in found.found:
+            try:
+                python = interpreter_path(cand.python, self.root, self.base)
+                check_interpreter(python)
+            except MMAgentError as exc:
+                if self.root is not None and not inside(Path(cand.python).parent, self.root):
+                    self.python, self.python_source = cand.python, cand.source
+                    self.no_env = NoTrainingEnv(
+                        f"the training environment {cand.python} ({cand.source}) lies outside the workspace: "
+                        "not probed",
+                        "pass python=<venv>/bin/python of a training env inside the workspace, or have the "
+                        "operator allow its folder (`mm-agent serve --allow-path DIR`); on the machine itself "
+                        f"`mm-agent doctor --python {shlex.quote(cand.python)}` judges it",
+                        [*self.passed_over, f"{cand.source}: {cand.python}"],
+                    )
+                    return
+                self.passed_over.append(f"{cand.source}: {cand.python} not taken ({exc.message})")
+                continue
+            self.python, self.python_source = str(python), cand.source
+            return
+        self.agent_fallback = True
+        self.python_source = "mm-agent's own interpreter (no training environment named or found)"
 
     def _use_job_interpreter(self) -> None:
         """A bundled job runs `"$PYTHON" -m runtime.*`, PYTHON defaulting to the interpreter that rendered
@@ -368,7 +417,40 @@ class Context:
         )
 
     def pyenv(self) -> EnvProbe:
-        """Packages of the checked interpreter (raises ProbeError when it cannot be probed)."""
+        """Packages of the judged interpreter. Raises ProbeError when it cannot be probed, NoTrainingEnv (one)
+        when no training environment is judged (`trainenv.py`)."""
+        env = self._once("training_env", self._training_env)
+        self._probed.used = True
+        return env
+
+    def judged(self) -> str | None:
+        """'judged: <interpreter> (<why that one>)' when the calling check read the judged interpreter's probe."""
+        if not getattr(self._probed, "used", False):
+            return None
+        return f"judged: {self.python} ({self.python_source})"
+
+    def _training_env(self) -> EnvProbe:
+        if self.no_env is not None:
+            raise self.no_env
+        env = self._probe()
+        if self.agent_fallback and not any(d in env.dists for d in MM_DISTS):
+            self.python_source = "no training environment named or found; mm-agent's own has no MindSpeed-MM"
+            raise NoTrainingEnv(
+                "no MindSpeed-MM training environment named or found; mm-agent's own environment is not "
+                "judged as one",
+                "pass the training environment's interpreter: `mm-agent doctor --python <env>/bin/python` "
+                "(MCP: python=...), or activate that env so its `torchrun` is on PATH",
+                [
+                    f"mm-agent runs in {self.python} (Python {env.python}; torch {env.dists.get('torch', '-')}), "
+                    f"which has no {' or '.join(MM_DISTS)} installed",
+                    *self.passed_over,
+                ],
+            )
+        if self.agent_fallback:
+            self.python_source = "mm-agent's own interpreter, which has MindSpeed-MM installed"
+        return env
+
+    def _probe(self) -> EnvProbe:
         request = {
             "dists": self.dist_names(),
             "requires": ["torch_npu", MM_AGENT_DIST],
@@ -377,7 +459,7 @@ class Context:
             "files": PROBED_FILES,
         }
         return self._once(
-            "pyenv",
+            "probe",
             lambda: run_env_probe(
                 self.python, request, env=self.env, timeout_s=self.remaining(), scope=self.scope
             ),
@@ -404,4 +486,4 @@ class Context:
         return self.model.deps_for(self.version.id) if self.model else None
 
 
-__all__ = ["Context", "ProbeError", "requirement"]
+__all__ = ["Context", "NoTrainingEnv", "ProbeError", "requirement"]

@@ -51,6 +51,8 @@ class MachineSummary(BaseModel):
     cpus: int
     python: str = Field(description="version of the checked interpreter")
     python_executable: str
+    python_source: str = Field(default="", description="why that one is the training env")
+    agent_python: str = Field(default="", description="the interpreter mm-agent runs in")
     mm_version: str
     model: str | None = None
     mm_root: str | None = None

@@ -102,6 +102,9 @@ def _run_one(chk: Check, ctx: Context, results: dict[str, CheckResult]) -> None:
             f"this is a bug in mm-agent's {chk.id!r} check, not necessarily in your setup: report it, and "
             f"run the remaining checks with --check to see the rest",
         )
+    judged = ctx.judged()  # which interpreter a check that read one judged, unless its evidence names it
+    if judged is not None and not any(ctx.python in e for e in out.evidence):
+        out = Outcome(out.status, out.summary, [*out.evidence, judged], out.fix)
     results[chk.id] = CheckResult(  # text from here on: a name that is not UTF-8 is shown escaped
         id=chk.id,
         title=chk.title,

@@ -7,6 +7,7 @@ so a typo in a data file fails at load time with the file and field named, not l
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal, get_args
 
@@ -65,8 +66,10 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
+@functools.lru_cache(maxsize=512)
 def version_key(version: str) -> tuple[int, ...]:
-    """Order MindSpeed-MM versions; `master` sorts after every release."""
+    """Order MindSpeed-MM versions; `master` sorts after every release. Remembered: routing compares the
+    same few versions hundreds of times a call."""
     if version == "master":
         return (10**6,)
     return tuple(int(p) for p in version.split("."))
@@ -279,6 +282,12 @@ class SizeChange(_Frozen):
 class SizeSpec(_Frozen):
     id: str = Field(description="size id as used in the examples tree, e.g. 1.3b, 14b, 3b")
     hf_ids: list[str] = Field(default_factory=list, description="Hugging Face repo ids of this size")
+    params: str | None = Field(
+        default=None,
+        pattern=r"^\d+(\.\d+)?b$",
+        description="the parameter count a request names (e.g. 5b) where the size id is something else: a model "
+        "version (CogVideoX 1.0, 1.5) or `default`; one of hf_ids must name it",
+    )
     parallel: Parallel = Field(default_factory=Parallel)
     arch: dict[str, Any] = Field(
         default_factory=dict, description="architecture numbers the templates write (layers, heads, dims)"
@@ -296,6 +305,14 @@ class SizeSpec(_Frozen):
         description="where a version's (or a task's) stock example sets other parallel/arch values; in order",
     )
     versions: VersionRange = VersionRange()
+
+    @model_validator(mode="after")
+    def _params_named_by_a_repo(self) -> SizeSpec:
+        if self.params is not None and self.hf_ids:
+            named = re.compile(rf"(?<![\d.]){re.escape(self.params)}\b", re.I)
+            if not any(named.search(h.split("/")[-1].replace("_", "-")) for h in self.hf_ids):
+                raise ValueError(f"params {self.params!r} is named by none of hf_ids {self.hf_ids}")
+        return self
 
     @model_validator(mode="after")
     def _ranged_roles_exist(self) -> SizeSpec:
@@ -380,6 +397,15 @@ class TrainDefaultsChange(TrainDefaults):
     since: str
 
 
+class AdaptedTask(_Frozen):
+    """Another model a LoRA task's stock examples adapt besides its `weights_of` (Wan2.1 14B ships both
+    t2v/ and i2v/finetune_lora.sh): the same adapter and flags on that task's weights and configs."""
+
+    weights_of: TaskId = Field(description="the task whose weights and model config the adapter trains on")
+    example_script: str = Field(description="its stock launch script in examples/")
+    sizes: list[str] | None = Field(default=None, description="sizes it exists for; None = all")
+
+
 class TaskSpec(_Frozen):
     id: TaskId
     backend: Backend
@@ -401,6 +427,10 @@ class TaskSpec(_Frozen):
         description="the task whose Hugging Face repo (of the size's hf_ids) this task starts from, e.g. "
         "a LoRA of the i2v model; None = this task's own",
     )
+    also_adapts: list[AdaptedTask] = Field(
+        default_factory=list,
+        description="a LoRA: the other tasks' models its stock examples adapt (a job picks one with `adapts`)",
+    )
     feature_extraction: FeatureExtraction | None = None
     sizes: list[str] | None = Field(default=None, description="sizes this task exists for; None = all")
     versions: VersionRange = VersionRange()
@@ -421,6 +451,21 @@ class TaskSpec(_Frozen):
         "fsdp2-native trainer keeps Hugging Face names: GenericDCPConverter, examples/qwen3vl/README_v1.md)",
     )
     notes: list[str] = Field(default_factory=list)
+
+    def adapted(self) -> list[str]:
+        """The tasks whose models this task adapts: its `weights_of`, then `also_adapts` ([] for none)."""
+        return [t for t in [self.weights_of, *(a.weights_of for a in self.also_adapts)] if t is not None]
+
+    def adapting(self, target: str) -> TaskSpec | None:
+        """This task as the job that adapts `target`'s model: the weights, configs and stock script of that
+        one (templates and steps read `weights_of` and `example_script`); None when its examples have none."""
+        if target == self.weights_of:
+            return self
+        extra = next((a for a in self.also_adapts if a.weights_of == target), None)
+        if extra is None:
+            return None
+        update = {"weights_of": extra.weights_of, "example_script": extra.example_script}
+        return self.model_copy(update=update | {"sizes": extra.sizes, "also_adapts": []})
 
     def train_defaults_at(self, version: str) -> TrainDefaults:
         """The stock train values of this task's example at `version`."""
@@ -660,9 +705,12 @@ class ModelEntry(_Frozen):
         if len(set(keys)) != len(keys):
             raise ValueError(f"duplicate (task, backend) pairs in {keys}")
         for task in self.tasks:
-            for size in task.sizes or []:
+            for size in [*(task.sizes or []), *(s for a in task.also_adapts for s in a.sizes or [])]:
                 if size not in size_ids:
                     raise ValueError(f"task {task.id} names size {size!r}, not one of {size_ids}")
+            for target in task.adapted():
+                if self.task(target) is None:
+                    raise ValueError(f"task {task.id} adapts {target!r}, not a task of {self.id}")
         for size_spec in self.sizes:
             for change in size_spec.changes:
                 if change.task is not None and self.task(change.task, change.backend) is None:

@@ -16,7 +16,8 @@ Paths inside a step are templates over a few names the reader fills in: `{weight
 Face download), `{load}` (the training LOAD_PATH), `{save}` (the training save folder), `{dataset}` (the
 dataset folder), `{features}` (the feature folder), `{src}` (the folder that holds the MindSpeed-MM checkout,
 where READMEs clone diffusers and other sources beside it), `{size}` and `{task}` (the size and task ids, as the
-examples/ folders name them), `{tp}`, `{llm_pp_layers}` and `{vit_pp_layers}` (the training layout, for a
+examples/ folders name them), `{adapts}` (a LoRA's adapted task: its `weights_of`, or the one a job picks),
+`{tp}`, `{llm_pp_layers}` and `{vit_pp_layers}` (the training layout, for a
 converter call with method-specific arguments) and, in `download.repo`, `{hf_id}` (the task's Hugging Face
 repo from the model's sizes). A `<...>` word is a value only the user knows (a prompt file, a TP size
 the README leaves open); it is shown as it is.
@@ -47,6 +48,7 @@ PATH_NAMES = (
     "src",
     "size",
     "task",
+    "adapts",
     "tp",
     "llm_pp_layers",
     "vit_pp_layers",

@@ -123,7 +123,9 @@ def resolve_arch(req: ScaffoldRequest, base: Base) -> Arch:
     if req.patch is not None:
         if any(p <= 0 for p in req.patch):
             raise MMAgentError(
-                f"patch {req.patch} must be positive", field="patch", fix="e.g. [1, 2, 2] (frames, height, width; CLI: --patch 1,2,2)"
+                f"patch {req.patch} must be positive",
+                field="patch",
+                fix="e.g. [1, 2, 2] (frames, height, width; CLI: --patch 1,2,2)",
             )
         values["patch_size"] = tuple(req.patch)
     return Arch.model_validate(values)

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from mm_agent import cancel
 from mm_agent.errors import MMAgentError
+from mm_agent.memo import remembered
 from mm_agent.paths import open_file
 from mm_agent.validate.findings import Sink
 from mm_agent.validate.parse import Parsed, ParseError, line_of, parse_json, parse_yaml
@@ -194,7 +195,9 @@ def load_config(
     if kind_hint == "hostfile" or is_hostfile(path):
         return ConfigFile(path, "hostfile", text=text)  # (launch_all.sh's host list: rules_launcher)
     is_yaml = path.suffix in (".yaml", ".yml")
-    parsed: Parsed | ParseError = parse_yaml(text) if is_yaml else parse_json(text)
+    parsed: Parsed | ParseError = remembered(
+        "config", is_yaml, text, (lambda: parse_yaml(text)) if is_yaml else (lambda: parse_json(text))
+    )
     if isinstance(parsed, ParseError) and parsed.fix:  # well-formed but past a bound (an alias bomb)
         sink.error("yaml.limit", shown, parsed.message, parsed.fix, line=parsed.line)
         return ConfigFile(path, "unknown", text=text)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mm_agent.memo import remembered
 from mm_agent.paths import inside
 from mm_agent.validate.files import ConfigFile, load_config, read_text
 from mm_agent.validate.findings import Severity, Sink
@@ -328,7 +329,8 @@ class Job:
             self.failed.add(path)
             return None
         normal = text.replace("\r\n", "\n")
-        script = ScriptFile(path, text, parse_script(str(path), normal))
+        info = remembered("script", str(path), normal, lambda: parse_script(str(path), normal))
+        script = ScriptFile(path, text, info)
         self.scripts[path] = script
         return script
 

@@ -289,10 +289,29 @@ def _cache_dir(job: Job, cfg: ConfigFile, at: str) -> None:
         ),
         default=1,
     )
-    if not isinstance(raw, str) or nnodes <= 1:
+    if not isinstance(raw, str) or not raw.strip() or nnodes <= 1:
         return
-    path = job.resolve(raw)
-    fstype = _shared_fs(path) if path is not None else None
+    path = job.resolve(raw, base=cfg.run_base, search=cfg.search)
+    if path is None:
+        return
+    # every node of a multi-node job reads the job directory at the same path (shared storage, or the
+    # cluster's volume): a cache inside it is shared whatever this machine's mount table says
+    folder = job.job_dir(cfg.path)
+    if path.is_relative_to(folder):
+        job.sink.warning(
+            "vlm.cache_dir_shared",
+            str(cfg.path),
+            f"cache_dir {raw!r} is inside the job directory {folder}, which all {nnodes} nodes mount; "
+            "MindSpeed-MM says cache_dir must not be shared across nodes (they would write the same cache files)",
+            "set cache_dir to a node-local disk outside the job (e.g. /tmp/mm-agent-cache"
+            + str(folder)
+            + "), "
+            "or re-render the job (mm-agent renders it node-local on multi-node jobs)",
+            field=field,
+            line=cfg.line(field),
+        )
+        return
+    fstype = _shared_fs(path)
     if fstype:
         job.sink.warning(
             "vlm.cache_dir_shared",

@@ -97,7 +97,8 @@ def _repos(entry: ModelEntry, step: Step) -> set[str]:
 
 
 def _named_files(entry: ModelEntry, step: Step, version: str) -> list[str]:
-    """The stock files a step runs or edits, with `{size}`/`{task}` filled for each (task, size) it is for."""
+    """The stock files a step runs or edits, with `{size}`/`{task}`/`{adapts}` filled for each (task, size) it
+    is for."""
     words = list(step.run or []) if step.cwd is None else []  # (under cwd: a checkout of another project)
     words += [e.split(":", 1)[0].strip() for e in step.edit or []]
     words = [w for w in words if _FILE_WORD.match(w) and "<" not in w]
@@ -107,12 +108,20 @@ def _named_files(entry: ModelEntry, step: Step, version: str) -> list[str]:
             continue
         if step.backends is not None and task.backend not in step.backends:
             continue
-        for size in entry.sizes:
-            if (step.sizes is not None and size.id not in step.sizes) or not size.versions.contains(version):
-                continue
-            if task.sizes is not None and size.id not in task.sizes:
-                continue
-            out.update(w.replace("{size}", size.id).replace("{task}", task.id) for w in words)
+        # a LoRA once per model it adapts (`{adapts}`: its weights_of, then each of also_adapts at its sizes)
+        for variant in [task, *(v for v in map(task.adapting, task.adapted()[1:]) if v is not None)]:
+            adapts = variant.weights_of or task.id
+            for size in entry.sizes:
+                if (step.sizes is not None and size.id not in step.sizes) or not size.versions.contains(
+                    version
+                ):
+                    continue
+                if variant.sizes is not None and size.id not in variant.sizes:
+                    continue
+                out.update(
+                    w.replace("{size}", size.id).replace("{task}", task.id).replace("{adapts}", adapts)
+                    for w in words
+                )
     return sorted(w for w in out if "{" not in w)
 
 

@@ -183,6 +183,8 @@ def claims_of(entry: ModelEntry) -> list[Claim]:
             claim.paths.append(readme)
             claim.needles.append((readme, task.readme_section))
         out.append(claim)
+        for j, other in enumerate(task.also_adapts):  # a LoRA's other stock example (Wan2.1 14b/i2v)
+            out.append(Claim(f"{t}.also_adapts[{j}].example_script", [other.example_script], tv, [m]))
         out.append(Claim(f"{t}.entry_script", [task.entry_script.path], task.entry_script.versions, [m, tv]))
         if task.inference_script is not None:
             inf = task.inference_script

@@ -148,6 +148,16 @@ STOCK: dict[tuple[str, str, str, str], dict[str, str | None]] = {
 }
 
 
+# A LoRA that adapts another stock model (registry `also_adapts`, render_job `adapts`): its stock scripts
+ADAPTED: dict[tuple[str, str, str, str, str], dict[str, str | None]] = {
+    ("wan2.1", "lora", "megatron", "14b", "i2v"): {
+        "train": "examples/wan2.1/14b/i2v/finetune_lora.sh",
+        "sample": "examples/wan2.1/14b/i2v/inference.sh",
+        "extract": "examples/wan2.1/feature_extract/feature_extraction.sh",
+        "extract --mm-model": "examples/wan2.1/feature_extract/model_i2v.json",
+    },
+}
+
 CASES = registry_cases(SETS, VERSIONS)
 PARAMS = [pytest.param(*case, id="-".join(case)) for case in CASES]
 
@@ -167,9 +177,24 @@ def _load(path: Path) -> Any:
 class Job:
     """A dry-run render, with a fake job folder the scripts' `$JOB_DIR` resolves to."""
 
-    def __init__(self, model: str, task: str, backend: str, size: str, version: str, out: Path) -> None:
+    def __init__(
+        self,
+        model: str,
+        task: str,
+        backend: str,
+        size: str,
+        version: str,
+        out: Path,
+        adapts: str | None = None,
+    ) -> None:
         request = RenderRequest(
-            model=model, task=task, backend=backend, size=size, mm_version=version, out_dir=str(out)
+            model=model,
+            task=task,
+            adapts=adapts,
+            backend=backend,
+            size=size,
+            mm_version=version,
+            out_dir=str(out),
         )
         result = render_job(request)
         self.dir = Path(result.job_dir)
@@ -193,11 +218,19 @@ def _config_paths(script_path: str, text: str, root: Path, mm_root_default: str 
 
 
 def compare_job(
-    model: str, task: str, backend: str, size: str, version: str, tree: Path, out: Path
+    model: str,
+    task: str,
+    backend: str,
+    size: str,
+    version: str,
+    tree: Path,
+    out: Path,
+    adapts: str | None = None,
 ) -> tuple[list[Difference], int]:
-    """Every difference of the rendered job from the stock example, and the number of files compared."""
-    job = Job(model, task, backend, size, version, out)
-    stock = STOCK[(model, task, backend, size)]
+    """Every difference of the rendered job from the stock example, and the number of files compared (a LoRA
+    job that adapts another stock model, `adapts`, against ADAPTED's scripts)."""
+    job = Job(model, task, backend, size, version, out, adapts)
+    stock = ADAPTED[(model, task, backend, size, adapts)] if adapts else STOCK[(model, task, backend, size)]
     diffs: list[Difference] = []
     compared = 0
     configs_seen: set[str] = set()
@@ -272,6 +305,22 @@ def test_defaults_match_stock(
         "example (fix the template/registry, or declare it in mm_agent/registry/data/deviations/"
         f"{model}.yaml with its reason and upstream evidence):\n" + "\n".join(f"  {d}" for d in left)
     )
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("case", sorted(ADAPTED), ids="-".join)
+def test_adapted_lora_defaults_match_stock(
+    case: tuple[str, str, str, str, str], version: str, mm_tree: Any, tmp_path: Path
+) -> None:
+    """The 14B image-to-video LoRA (adapts=i2v) against the stock 14b/i2v/finetune_lora.sh and its i2v
+    configs, with the same declared deviations as every job of the model."""
+    model, task, backend, size, adapts = case
+    diffs, compared = compare_job(
+        model, task, backend, size, version, mm_tree.version_dir(version), tmp_path / "job", adapts
+    )
+    assert compared > 0
+    left = undeclared(diffs, model=model, task=task, size=size, version=version, backend=backend)
+    assert not left, f"{case} @ {version}:\n" + "\n".join(f"  {d}" for d in left)
 
 
 def test_every_declared_deviation_is_used(mm_tree: Any, tmp_path: Path) -> None:
