@@ -703,27 +703,19 @@ class DemoRun:
 
     # -- the whole run
 
+    def run_stages(self, names: tuple[StageName, ...]) -> StageName | None:
+        """Run the stages in order (each is the method of its name); the first that fails stops the run and
+        is returned."""
+        for name in names:
+            try:
+                self.stage(name, getattr(self, name))
+            except (MMAgentError, StageFailed):
+                return name
+        return None
+
     def run_all(self) -> DemoReport:
         start = time.monotonic()
-        bodies: dict[StageName, Callable[[], str]] = {
-            "dataset": self.dataset,
-            "weights": self.weights,
-            "route": self.route,
-            "render": self.render,
-            "validate": self.validate,
-            "convert": self.convert,
-            "extract": self.extract,
-            "train": self.train,
-            "sample": self.sample,
-            "diagnose": self.diagnose,
-        }
-        failed: str | None = None
-        for name in STAGES:
-            try:
-                self.stage(name, bodies[name])
-            except (MMAgentError, StageFailed):
-                failed = name
-                break
+        failed = self.run_stages(STAGES)
         first, last = smoothed(self.losses)
         fell = first is not None and last is not None and last < first
         ok = failed is None and fell

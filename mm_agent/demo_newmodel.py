@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from mm_agent.demo import (
     require_runtime,
     smoothed,
 )
-from mm_agent.errors import MMAgentError
 from mm_agent.registry import set_workspace, user_models_dir
 from mm_agent.scaffold import ScaffoldRequest, scaffold_model
 
@@ -102,26 +100,9 @@ class NewModelDemoRun(DemoRun):
 
     def run_all(self) -> DemoReport:
         start = time.monotonic()
-        bodies: dict[StageName, Callable[[], str]] = {
-            "dataset": self.dataset,
-            "weights": self.weights,
-            "scaffold": self.scaffold,
-            "route": self.route,
-            "render": self.render,
-            "validate": self.validate,
-            "train": self.train,
-            "sample": self.sample,
-            "diagnose": self.diagnose,
-        }
-        failed: str | None = None
         set_workspace(self.run)  # the scaffold's registry entry lives in the run folder
         try:
-            for name in NEW_MODEL_STAGES:
-                try:
-                    self.stage(name, bodies[name])
-                except (MMAgentError, StageFailed):
-                    failed = name
-                    break
+            failed = self.run_stages(NEW_MODEL_STAGES)
         finally:
             set_workspace(None)
         first, last = smoothed(self.losses)

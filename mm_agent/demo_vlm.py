@@ -283,13 +283,7 @@ class VLMDemoRun(DemoRun):
 
     def run_all(self) -> DemoReport:
         start = time.monotonic()
-        failed: str | None = None
-        for name in VLM_STAGES:
-            try:
-                self.stage(name, getattr(self, name))
-            except (MMAgentError, StageFailed):
-                failed = name
-                break
+        failed = self.run_stages(VLM_STAGES)
         first, last = smoothed(self.losses)
         fell = first is not None and last is not None and last < first
         before = self.before["accuracy"] if self.before else None

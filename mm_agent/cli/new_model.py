@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import types
-import typing
-from typing import Any, get_args, get_origin
+from typing import Any
 
 from pydantic import ValidationError
 
 from mm_agent.scaffold import ScaffoldRequest, ScaffoldResult, scaffold_model
 
-from .output import add_json_flag, console, option_error, print_json
+from .output import add_json_flag, arg_type, console, flag_name, option_error, print_json
 
 # Request fields that are not plain `--field-name` options: the positional NAME, --from, --yes.
 _POSITIONAL = {"name": "name", "base": "from", "confirm": "yes"}
@@ -37,26 +35,6 @@ _HELP = {
     "checkout": "a MindSpeed-MM checkout to write into; its predict_model.py gets the registration",
     "out": "an overlay folder to write instead, with the copy commands (default new_models/NAME)",
 }
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace("[", "").replace("]", "").split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _arg_type(annotation: Any) -> Any:
-    """A request field's annotation as an argparse type (None: a string)."""
-    if get_origin(annotation) in (typing.Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    if get_origin(annotation) is list:
-        return _int_list
-    return annotation if annotation in (int, float) else None
 
 
 def add_parser(sub: Any) -> None:
@@ -84,10 +62,10 @@ def add_parser(sub: Any) -> None:
         if name in _POSITIONAL or name == "detail":
             continue
         kwargs: dict[str, Any] = {"default": None, "dest": name, "help": _HELP.get(name) or field.description}
-        arg_type = _arg_type(field.annotation)
-        if arg_type is not None:
-            kwargs["type"] = arg_type
-        p.add_argument(_flag(name), **kwargs)
+        kind = arg_type(field.annotation)
+        if kind is not None:
+            kwargs["type"] = kind
+        p.add_argument(flag_name(name), **kwargs)
     p.add_argument("--yes", action="store_true", help="write the files (default: dry run, nothing written)")
     add_json_flag(p)
     p.set_defaults(func=run)

@@ -7,10 +7,8 @@ The options are generated from `JobSpec`'s fields, so the CLI and the MCP tool c
 from __future__ import annotations
 
 import argparse
-import types
-import typing
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,7 +17,7 @@ from mm_agent.jobfile import load_job_spec, spec_error
 from mm_agent.jobspec import JobSpec
 from mm_agent.render import RenderRequest, render_job
 
-from .output import add_json_flag, console, print_json
+from .output import add_json_flag, arg_type, console, flag_name, print_json
 
 _POSITIONAL = {"model"}
 # CLI help for JobSpec fields whose schema description is absent or too short to use (kept short there: the
@@ -51,28 +49,6 @@ _HELP = {
 }
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace("[", "").replace("]", "").split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _arg_type(annotation: Any) -> Any:
-    """Map a JobSpec field annotation to an argparse type (None means a string)."""
-    if get_origin(annotation) in (typing.Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    if get_origin(annotation) is list:
-        return _int_list
-    if annotation in (int, float):
-        return annotation
-    return None
-
-
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "render",
@@ -93,13 +69,15 @@ def add_parser(sub: Any) -> None:
             continue
         help_text = _HELP.get(name) or field.description or ""
         if field.annotation is bool:
-            p.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            p.add_argument(
+                flag_name(name), action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
             continue
         kwargs: dict[str, Any] = {"default": None, "help": help_text, "dest": name}
-        arg_type = _arg_type(field.annotation)
-        if arg_type is not None:
-            kwargs["type"] = arg_type
-        p.add_argument(_flag(name), **kwargs)
+        kind = arg_type(field.annotation)
+        if kind is not None:
+            kwargs["type"] = kind
+        p.add_argument(flag_name(name), **kwargs)
     add_json_flag(p)
     p.set_defaults(func=run)
 
