@@ -41,9 +41,29 @@ def allowed_roots(roots: Iterable[Path]) -> Iterator[None]:
         _ALLOWED.reset(token)
 
 
+# Within `one_resolution()`, each root is resolved once (a validation asks about dozens of paths against the
+# same workspace); outside it, on every call.
+_RESOLVED_ROOTS: ContextVar[dict[Path, Path] | None] = ContextVar("mm_agent_resolved_roots", default=None)
+
+
+@contextlib.contextmanager
+def one_resolution() -> Iterator[None]:
+    """Within the block (one call's work), `roots_of` resolves each workspace root once."""
+    token = _RESOLVED_ROOTS.set({})
+    try:
+        yield
+    finally:
+        _RESOLVED_ROOTS.reset(token)
+
+
 def roots_of(root: Path) -> tuple[Path, ...]:
     """The workspace followed by the allowed roots in force."""
-    return (root.resolve(), *_ALLOWED.get())
+    known = _RESOLVED_ROOTS.get()
+    if known is None:
+        return (root.resolve(), *_ALLOWED.get())
+    if root not in known:
+        known[root] = root.resolve()
+    return (known[root], *_ALLOWED.get())
 
 
 def owning_root(path: Path, root: Path) -> Path | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1071,9 +1072,32 @@ def _pipeline(
     )
 
 
+# Answers by request, with the registry and vocabulary objects they were computed from. Routing reads nothing
+# else (no file, clock or environment; its other tables load once per process), so the same request against the
+# same objects has the same answer; a changed registry (a workspace model added or edited) is a new object and
+# misses. RouteResult and every model in it are frozen: one answer can be handed to every caller.
+_ROUTED: dict[str, tuple[Registry, Vocabulary, RouteResult]] = {}
+_ROUTED_MAX = 64
+_ROUTED_LOCK = threading.Lock()
+
+
 def route_model(req: RouteRequest) -> RouteResult:
     """Rank (model, task) pairs for the request; set `question` when the request can't pick one model."""
     reg, vocab = get_registry(), load_vocabulary()
+    key = req.model_dump_json()
+    with _ROUTED_LOCK:
+        hit = _ROUTED.get(key)
+    if hit is not None and hit[0] is reg and hit[1] is vocab:
+        return hit[2]
+    result = _route(req, reg, vocab)
+    with _ROUTED_LOCK:
+        if len(_ROUTED) >= _ROUTED_MAX:
+            del _ROUTED[next(iter(_ROUTED))]
+        _ROUTED[key] = (reg, vocab, result)
+    return result
+
+
+def _route(req: RouteRequest, reg: Registry, vocab: Vocabulary) -> RouteResult:
     p = _parse(req.request, reg, vocab)
     if req.model:
         model_id, hf_size = _resolve_model(req.model, reg)

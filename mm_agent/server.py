@@ -10,6 +10,7 @@ transformers or megatron; heavy work runs in subprocesses. Resource and prompt l
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 import math
@@ -344,8 +345,10 @@ def _register(
     # argument name would otherwise be dropped without a word) and publish it without per-property titles.
     tool = mcp._tool_manager.get_tool(name)
     if tool is not None:
+        # The SDK's schema of its argument model is the published one: the refusing subclass differs only by
+        # `additionalProperties: false`, dropped below, so its validator is built on the tool's first call.
         tool.fn_metadata.arg_model = _known_only(tool.fn_metadata.arg_model, name)
-        schema = compact_schema(tool.fn_metadata.arg_model.model_json_schema(by_alias=True))
+        schema = compact_schema(tool.parameters)
         schema.pop("additionalProperties", None)  # refused with the names it takes, see _known_only
         for flag in ("confirm", "force"):  # said once: the description tells what `confirm=true` does
             if f"{flag}=true" in description:
@@ -366,7 +369,7 @@ def _known_only(base: type[ArgModelBase], tool: str) -> type[ArgModelBase]:
         return data
 
     namespace = {
-        "model_config": ConfigDict(arbitrary_types_allowed=True, extra="forbid"),
+        "model_config": ConfigDict(arbitrary_types_allowed=True, extra="forbid", defer_build=True),
         "known_arguments": model_validator(mode="before")(classmethod(known)),  # type: ignore[arg-type]
     }
     return type(base.__name__, (base,), namespace)
@@ -871,6 +874,10 @@ def serve(
         trust_mm_roots=trust_mm_roots,
         auth_token=auth_token if http else None,
     )
+    # What start-up built lives as long as the server: frozen, the collector never walks it again (calls stay
+    # quick), and on again if the CLI held it off while the server was built (cli.main, for a quicker start).
+    gc.freeze()
+    gc.enable()
     log.info(
         "mm-agent %s serving %s, workspace %s, allowed roots %s, trusted checkouts %s",
         __version__,

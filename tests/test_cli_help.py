@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,3 +89,44 @@ def test_jobs_never_cuts_a_run_id(
     assert sum("succeeded" in line for line in lines) == 2, lines  # the state is not cut either
     assert main(["jobs", "--json"]) == 0
     assert {j["run_id"] for j in json.loads(capsys.readouterr().out)["jobs"]} == set(two_runs)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def test_serve_loads_only_its_own_command() -> None:
+    """An MCP host starts `mm-agent serve` for every session (issue 29, latency): it must not import the other
+    subcommands (each pulls in its part of the core to build its options), yet parse and help exactly as the
+    whole command line does."""
+    probe = (
+        "import sys; from mm_agent.cli import build_parser; build_parser('serve'); "
+        "print(sorted(m for m in sys.modules if m.startswith('mm_agent.cli.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["['mm_agent.cli.serve']"], done.stdout
+    full, only = build_parser(), build_parser("serve")
+    assert _subparser(only, "serve").format_help() == _subparser(full, "serve").format_help()
+    argv = [
+        "serve",
+        "--workspace",
+        "/tmp",
+        "--allow-path",
+        "/data",
+        "--tool-timeout",
+        "5",
+        "--transport",
+        "http",
+    ]
+    assert vars(only.parse_args(argv)) == vars(full.parse_args(argv))
+
+
+def test_serve_leaves_the_collector_on(tmp_path: Path) -> None:
+    """`serve` holds the cyclic garbage collector off while the server is built (a quicker start); a refused
+    start must not leave it off in the calling process."""
+    import gc
+
+    assert gc.isenabled()
+    assert main(["serve", "--workspace", str(tmp_path / "missing")]) == 2
+    assert gc.isenabled()

@@ -306,3 +306,15 @@ def test_prepare_dataset_writes_what_the_scaffolded_dataset_reads(ws: Path) -> N
     records = json.loads((ws / "data" / "data.json").read_text())
     assert sorted(r["path"] for r in records) == ["videos/v0.mp4", "videos/v1.mp4"]
     assert {r["cap"] for r in records} == {"clip 0", "clip 1"}
+
+
+def test_a_repeated_route_sees_a_model_added_in_between(ws: Path) -> None:
+    """route_model keeps its answers (issue 29, latency), never past a registry change: the same request routed
+    before and after the user's model is scaffolded gets the answer of the registry in force each time."""
+    req = RouteRequest(request="train my_dit on my videos")
+    before = route_model(req)
+    assert route_model(req) is before  # nothing changed: the same (frozen) answer
+    assert "my_dit" not in [c.model_id for c in before.candidates]
+    scaffold_model(ScaffoldRequest(name="my_dit", confirm=True, **TINY), root=ws)
+    after = route_model(req)
+    assert after.candidates[0].model_id == "my_dit", after.candidates[:1]

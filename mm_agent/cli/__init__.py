@@ -7,6 +7,8 @@ where it is and the fix, and exits 2; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -16,56 +18,37 @@ from pydantic import ValidationError
 from mm_agent import __version__, names
 from mm_agent.errors import MMAgentError
 
-from . import (
-    convert,
-    dataset,
-    demo,
-    diagnose,
-    doctor,
-    estimate,
-    install,
-    jobs,
-    logs,
-    models,
-    new_model,
-    ps,
-    ranktable,
-    render,
-    route,
-    serve,
-    skills,
-    stages,
-    status,
-    stop,
-    validate,
-)
-
+# The subcommand modules, in the order `mm-agent --help` lists them. Imported when the parser is built, so
+# `mm-agent serve` (an MCP host starts it for every session) loads only its own module: see build_parser.
 COMMANDS = (
-    models,
-    route,
-    dataset,
-    render,
-    validate,
-    estimate,
-    ranktable,
-    diagnose,
-    doctor,
-    install,
-    convert,
-    stages,
-    jobs,
-    status,
-    logs,
-    ps,
-    stop,
-    demo,
-    new_model,
-    skills,
-    serve,
+    "models",
+    "route",
+    "dataset",
+    "render",
+    "validate",
+    "estimate",
+    "ranktable",
+    "diagnose",
+    "doctor",
+    "install",
+    "convert",
+    "stages",
+    "jobs",
+    "status",
+    "logs",
+    "ps",
+    "stop",
+    "demo",
+    "new_model",
+    "skills",
+    "serve",
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` just that subcommand (same options, help and errors): every
+    subcommand module imports its part of the core to build its options, and `serve` needs none of them, so
+    an MCP server starts without paying for the other commands' imports."""
     parser = argparse.ArgumentParser(
         prog="mm-agent",
         description="Take a multimodal model from a plain request to a validated MindSpeed-MM job.",
@@ -73,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mm-agent {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for name in COMMANDS:
+        if only is None or name == only:
+            importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
 
 
@@ -89,7 +73,21 @@ def _escaping_streams() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _escaping_streams()
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] != ["serve"]:
+        return _main(build_parser(), given)
+    # Start-up imports the SDK and builds hundreds of long-lived models and schemas; the cyclic collector would
+    # walk that growing heap again and again (a third of the start). server.serve switches it back on, with what
+    # start-up built frozen, once the server is built; here, whatever happens (a refused option, an error).
+    gc.disable()
+    try:
+        return _main(build_parser("serve"), given)
+    finally:
+        gc.enable()
+
+
+def _main(parser: argparse.ArgumentParser, given: list[str]) -> int:
+    args = parser.parse_args(given)
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, so a reader that went away is seen by the handler below

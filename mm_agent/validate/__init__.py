@@ -19,7 +19,7 @@ from pathlib import Path
 from mm_agent.cancel import Cancelled
 from mm_agent.errors import MMAgentError
 from mm_agent.names import shown, shown_path
-from mm_agent.paths import confine, owning_root, where
+from mm_agent.paths import confine, one_resolution, owning_root, where
 from mm_agent.validate import (
     rules_ckpt,
     rules_common,
@@ -39,7 +39,7 @@ from mm_agent.validate import (
 )
 from mm_agent.validate.files import walk
 from mm_agent.validate.findings import FileSummary, Finding, Sink, ValidateRequest, ValidationReport
-from mm_agent.validate.job import Job, exists, is_dir, resolved
+from mm_agent.validate.job import Job, exists, is_dir
 from mm_agent.validate.refs import build_launches, load_inputs
 
 __all__ = ["FileSummary", "Finding", "ValidateRequest", "ValidationReport", "validate_configs"]
@@ -88,6 +88,11 @@ def validate_configs(
     """Validate a job; with `root`, nothing outside it is read (and inputs outside it are refused).
     `trust`: the folders whose checkouts' code mm_root may run (the server's `--trust-mm-root`); None means the
     caller is the operator (the CLI), whose named checkout runs."""
+    with one_resolution():  # the workspace, resolved once for the whole validation (not per path checked)
+        return _validate(req, root, trust)
+
+
+def _validate(req: ValidateRequest, root: Path | None, trust: Sequence[Path] | None) -> ValidationReport:
     root = root.expanduser().resolve() if root is not None else None
     sink = Sink()
     mm_root = req.mm_root
@@ -102,7 +107,7 @@ def validate_configs(
         [
             p
             for p in dict.fromkeys(inputs)
-            if (real := resolved(p)) is None or not job.outside(real, str(p), None, None)
+            if (real := job.resolved(p)) is None or not job.outside(real, str(p), None, None)
         ],
     )
     job.find_mm_root()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_agent.memo import remembered
-from mm_agent.paths import inside
+from mm_agent.paths import owning_root
 from mm_agent.validate.files import ConfigFile, load_config, read_text
 from mm_agent.validate.findings import Severity, Sink
 from mm_agent.validate.shell import LaunchCommand, ScriptInfo, parse_script
@@ -153,13 +153,29 @@ class Job:
         self.scripts: dict[Path, ScriptFile] = {}
         self.launches: list[Launch] = []
         self.failed: set[Path] = set()
+        # One validation asks about the same few paths many times (each rule resolves the job's files and
+        # weights again); symlinks followed once per path and validation, never kept beyond it.
+        self._inside: dict[Path, bool] = {}
+        self._real: dict[Path, Path | None] = {}
 
     # ---- filesystem ----------------------------------------------------------------------------------
     def inside(self, path: Path) -> bool:
-        try:
-            return self.root is None or inside(path, self.root)
-        except ValueError:  # a NUL byte in a path taken from a config: no such file anywhere
-            return False
+        if self.root is None:
+            return True
+        if (known := self._inside.get(path)) is not None:
+            return known
+        # as paths.inside: symlinks followed, in the workspace or an allowed root; a path that cannot be
+        # resolved (a loop, a NUL byte taken from a config) is inside nothing
+        real = self.resolved(path)
+        answer = real is not None and owning_root(real, self.root) is not None
+        self._inside[path] = answer
+        return answer
+
+    def resolved(self, path: Path) -> Path | None:
+        """`resolved(path)`, once per path in this validation."""
+        if path not in self._real:
+            self._real[path] = resolved(path)
+        return self._real[path]
 
     def outside(self, path: Path, file: str, field: str | None, line: int | None) -> bool:
         """True (and an info finding) when `path` is outside the workspace root."""
@@ -298,7 +314,7 @@ class Job:
         )
 
     def load(self, path: Path, *, kind_hint: str | None = None) -> ConfigFile | None:
-        real = resolved(path)
+        real = self.resolved(path)
         if real is None:
             self.unresolvable(path)
             return None
@@ -315,7 +331,7 @@ class Job:
         return cfg
 
     def load_script(self, path: Path) -> ScriptFile | None:
-        real = resolved(path)
+        real = self.resolved(path)
         if real is None:
             self.unresolvable(path)
             return None

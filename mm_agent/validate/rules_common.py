@@ -123,9 +123,9 @@ def _weight_paths(job: Job, cfg: ConfigFile, node: Any, path: str) -> None:
     (relative ones from where the reading process runs)."""
     if isinstance(node, dict):
         for key, value in node.items():
-            here = join(path, str(key))
             is_weight = key in _WEIGHT_KEYS or (key == "image_encoder" and path.endswith("i2v_processor"))
             if is_weight and isinstance(value, str):
+                here = join(path, str(key))
                 job.check_path(
                     value,
                     file=str(cfg.path),
@@ -137,11 +137,12 @@ def _weight_paths(job: Job, cfg: ConfigFile, node: Any, path: str) -> None:
                     fix=f"set {here} to the downloaded Hugging Face directory (absolute, or relative to the "
                     "MindSpeed-MM root); it may also only exist on the training cluster",
                 )
-            else:
-                _weight_paths(job, cfg, value, here)
+            elif isinstance(value, dict | list):  # (a scalar holds no path to check)
+                _weight_paths(job, cfg, value, join(path, str(key)))
     elif isinstance(node, list):
         for index, value in enumerate(node):
-            _weight_paths(job, cfg, value, join(path, index))
+            if isinstance(value, dict | list):
+                _weight_paths(job, cfg, value, join(path, index))
 
 
 def _roles(job: Job, launch: Launch) -> None:
@@ -223,7 +224,7 @@ def _user_model_data(job: Job) -> set[Path]:
         for m in registry.models.values()
         if (u := m.user) is not None and "data_config" in u.files
     }
-    out = {path for path in job.configs if path.resolve() in scaffolded}
+    out = {path for path in job.configs if job.resolved(path) in scaffolded} if scaffolded else set()
     for path in job.configs:
         job_file = path.parent / JOB_FILE
         if path.name != "data.json" or not job_file.is_file():
