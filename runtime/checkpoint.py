@@ -258,3 +258,18 @@ def restore_optimizer(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def state_mismatch(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> list[str]:
+    """Why a strict load of `state` into a model whose state dict is `expected` would fail, one part per kind
+    ("2 missing (e.g. a, b)", "1 unexpected (...)", "1 with other shapes (e.g. k: checkpoint (..) vs model (..))");
+    empty when it fits. Said before loading, so a checkpoint of another size or family never half-loads."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    kinds = (("missing", missing), ("unexpected", unexpected), ("with other shapes", shapes))
+    return [f"{len(items)} {label} (e.g. {', '.join(items[:3])})" for label, items in kinds if items]

@@ -491,9 +491,14 @@ class Trainer:
         x_t, timestep, target, weight = self.flow.draw(
             latents, micro_generator(self.args.seed, iteration, self.info.rank, micro)
         )
+        return FlowMatching.loss(self._predict(x_t, timestep, text, target), target, weight)
+
+    def _predict(
+        self, x_t: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
+        """The model's prediction of the flow-matching `target` (runtime.user_train checks a user's DiT here)."""
         with self._autocast():
-            prediction = self.model(x_t, timestep, text)
-        return FlowMatching.loss(prediction, target, weight)
+            return self.model(x_t, timestep, text)
 
     def step(self) -> StepStats:
         """One optimizer step over a global batch (grad-acc micro batches on every DP rank)."""

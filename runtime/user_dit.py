@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runtime.checkpoint import state_mismatch
 from runtime.errors import RuntimeFailure
 
 STANDIN = "mindspeed_mm.models.common.module"
@@ -207,19 +208,8 @@ def _key_of(message: str) -> str | None:
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Strict load of a checkpoint into the user's DiT; missing, unexpected or wrongly shaped tensors are
     named (MindSpeed-MM's load_state_dict would raise them as one long RuntimeError)."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own
-        if k in state and tuple(state[k].shape) != tuple(own[k].shape)
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
-            if items:
-                parts.append(f"{len(items)} {label} (e.g. {', '.join(items[:3])})")
+    parts = state_mismatch(model.state_dict(), state)
+    if parts:
         raise RuntimeFailure(
             f"checkpoint {source} does not fit {type(model).__name__}: {'; '.join(parts)}",
             file=source,

@@ -345,13 +345,11 @@ class UserDiTTrainer(base.Trainer):
             )
         self.checked = True
 
-    def _micro_loss(self, batch: Any, iteration: int, micro: int) -> torch.Tensor:
-        """The Wan trainer's flow-matching loss around the user's forward; its first call failing, or returning
-        anything but a tensor of the latents' shape, is the user's to fix (not a traceback, not a broadcast)."""
-        latents, text = self._inputs(batch)
-        x_t, timestep, target, weight = self.flow.draw(
-            latents, base.micro_generator(self.args.seed, iteration, self.info.rank, micro)
-        )
+    def _predict(
+        self, x_t: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
+        """The user's forward; its first call failing, or returning anything but a tensor of the latents' shape,
+        is the user's to fix (not a traceback, not a broadcast)."""
         first = not getattr(self, "forwarded", False)
         name = self.dit_class.__name__
         fix = (
@@ -359,8 +357,7 @@ class UserDiTTrainer(base.Trainer):
             "and must return a tensor of hidden_states' shape; check model.json's predictor sizes against the features"
         )
         try:
-            with self._autocast():
-                prediction = self.model(x_t, timestep, text)
+            prediction = super()._predict(x_t, timestep, text, target)
         except (RuntimeError, TypeError, ValueError, IndexError) as exc:
             if not first or isinstance(exc, RuntimeFailure):
                 raise
@@ -384,7 +381,7 @@ class UserDiTTrainer(base.Trainer):
                     fix=fix,
                 )
             self.forwarded = True
-        return FlowMatching.loss(prediction, target, weight)
+        return prediction
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from runtime.checkpoint import state_mismatch
 from runtime.errors import RuntimeFailure
 from runtime.mmconfig import require
 
@@ -322,22 +323,8 @@ class WanDiT(nn.Module):
 
 def load_weights(model: WanDiT, state_dict: dict[str, torch.Tensor], source: str) -> None:
     """Strict load with a readable diff: a checkpoint for another size or family must not half-load."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    shapes = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
-        if shapes:
-            parts.append(f"{len(shapes)} with other shapes (e.g. {shapes[0]})")
+    parts = state_mismatch(model.state_dict(), state_dict)
+    if parts:
         raise RuntimeFailure(
             f"the checkpoint does not match the wandit model: {'; '.join(parts)}",
             file=source,

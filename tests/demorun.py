@@ -19,19 +19,15 @@ def cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "mm_agent"]
 
 
-def run_demo_cli(root: Path) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
-    """The `--json` CLI in a subprocess with its own state dir under `root`."""
+def demo_cli(root: Path, *flags: str) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
+    """`mm-agent demo --json --dir <root>/demo FLAGS` in a subprocess with its own state dir under `root`."""
     env = {**os.environ, "MM_AGENT_STATE_DIR": str(root / "state")}
-    argv = [
-        *cli(),
-        "demo",
-        "--json",
-        "--dir",
-        str(root / "demo"),
-        "--clips",
-        str(CLIPS),
-        "--iters",
-        str(ITERS),
-    ]
+    argv = [*cli(), "demo", "--json", "--dir", str(root / "demo"), *flags]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.stdout, proc.stderr[-3000:]
     return DemoReport.model_validate_json(proc.stdout), proc
+
+
+def run_demo_cli(root: Path) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
+    """The Wan demo, small (CLIPS clips, ITERS iterations)."""
+    return demo_cli(root, "--clips", str(CLIPS), "--iters", str(ITERS))

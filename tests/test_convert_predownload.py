@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
 
 import pytest
-from mcp import Client
-
-from mm_agent.server import build_server
+from mcpcall import call_tool
 
 WAN = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 QWEN = "Qwen/Qwen2.5-VL-3B-Instruct"
@@ -27,17 +24,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def _call(ws: Path, tool: str, **args: Any) -> tuple[str, dict[str, Any], bool]:
-    async with Client(build_server(ws)) as client:
-        result = await client.call_tool(tool, args)
-    text = "\n".join(getattr(c, "text", "") or "" for c in result.content)
-    return text, result.structured_content or {}, bool(result.is_error)
-
-
 @pytest.mark.anyio
 async def test_wan_dry_run_plans_from_the_registry_and_names_the_download(tmp_path: Path) -> None:
     source = f"weights/{WAN}/transformer"
-    text, data, error = await _call(
+    text, data, error = await call_tool(
         tmp_path, "convert_weights", converter="WanConverter", method="hf_to_mm", source=source,
         target=source, pp_layers=[7, 8, 8, 7], detail=True,
     )  # fmt: skip
@@ -57,7 +47,7 @@ async def test_wan_dry_run_plans_from_the_registry_and_names_the_download(tmp_pa
 @pytest.mark.anyio
 async def test_a_split_that_cannot_add_up_is_refused_before_the_download(tmp_path: Path) -> None:
     source = f"weights/{WAN}/transformer"
-    text, _, error = await _call(
+    text, _, error = await call_tool(
         tmp_path, "convert_weights", converter="WanConverter", method="hf_to_mm", source=source,
         target=source, pp_layers=[7, 8, 8],
     )  # fmt: skip
@@ -66,12 +56,12 @@ async def test_a_split_that_cannot_add_up_is_refused_before_the_download(tmp_pat
 
 @pytest.mark.anyio
 async def test_vlm_plan_is_the_command_render_job_prints(tmp_path: Path) -> None:
-    _, rendered, _ = await _call(
+    _, rendered, _ = await call_tool(
         tmp_path, "render_job", model="qwen2.5vl", task="sft", size="3b", out_dir="jobs/q", detail=True
     )
     step = next(s for s in rendered["next_steps"] if "Qwen2_5_VLConverter hf_to_mm" in s)
     source = str(tmp_path / "weights" / QWEN)
-    text, data, error = await _call(
+    text, data, error = await call_tool(
         tmp_path, "convert_weights", converter="Qwen2_5_VLConverter", method="hf_to_mm", source=source,
         target=f"{source}-mm", detail=True,
     )  # fmt: skip
@@ -83,7 +73,7 @@ async def test_vlm_plan_is_the_command_render_job_prints(tmp_path: Path) -> None
 @pytest.mark.anyio
 async def test_confirmed_conversion_without_weights_says_download_first(tmp_path: Path) -> None:
     source = f"weights/{WAN}/transformer"
-    text, _, error = await _call(
+    text, _, error = await call_tool(
         tmp_path, "convert_weights", converter="WanConverter", method="hf_to_mm", source=source,
         target=source, confirm=True,
     )  # fmt: skip

@@ -4,7 +4,6 @@ writes a DiT of the user's own, the registry finds it, the bundled runtime train
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -13,18 +12,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from demorun import cli
+from demorun import cli, demo_cli
 
 from mm_agent.demo import DemoReport
 from mm_agent.demo_newmodel import NEW_MODEL_NAME, NEW_MODEL_STAGES
 
 
 def _run(root: Path, *extra: str) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
-    env = {**os.environ, "MM_AGENT_STATE_DIR": str(root / "state")}
-    argv = [*cli(), "demo", "--new-model", "--json", "--dir", str(root / "demo"), *extra]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.stdout, proc.stderr[-3000:]
-    return DemoReport.model_validate_json(proc.stdout), proc
+    return demo_cli(root, "--new-model", *extra)
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ route must reach Qwen2.5-VL, and a run whose accuracy does not rise is not ok.""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,18 +15,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from demorun import cli
+from demorun import demo_cli
 
 from mm_agent.demo import DemoReport, DemoRequest
 from mm_agent.demo_vlm import VLM_STAGES, prior_accuracy, run_vlm_demo, vlm_request
 
 
 def _run(root: Path, *extra: str) -> tuple[DemoReport, subprocess.CompletedProcess[str]]:
-    env = {**os.environ, "MM_AGENT_STATE_DIR": str(root / "state")}
-    argv = [*cli(), "demo", "--vlm", "--json", "--dir", str(root / "demo"), *extra]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.stdout, proc.stderr[-3000:]
-    return DemoReport.model_validate_json(proc.stdout), proc
+    return demo_cli(root, "--vlm", *extra)
 
 
 def _check(report: DemoReport, proc: subprocess.CompletedProcess[str]) -> None:

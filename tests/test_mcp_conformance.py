@@ -18,11 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +28,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, PromptReference, ResourceTemplateReference
 from pydantic import BaseModel, ConfigDict, Field
+from security.serverproc import serve_http
 
 from mm_agent import resources
 from mm_agent.catalog import ListModelsRequest, list_models
@@ -44,7 +41,6 @@ SUITE = "@modelcontextprotocol/conformance"
 SUITE_VERSION = "0.1.16"  # the registry's `latest`; its `--suite active` is what the issue measured
 MIN_NODE = 22
 REQUIRE_ENV = "MM_AGENT_REQUIRE_CONFORMANCE"  # set by .ci/run: there the suite must run, not skip
-START_GUARD_S = 60  # the server listens within seconds; this only keeps a broken start from hanging
 SUITE_GUARD_S = 600  # the suite takes seconds; this only keeps a hung run from blocking CI
 _SUMMARY = re.compile(r"^[✓✗] (\S+): (\d+) passed, (\d+) failed$", re.M)
 
@@ -118,48 +114,14 @@ def _suite(node: Path, npm: Path) -> Path:
     return cli
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     """`mm-agent serve --transport http` on a free loopback port, in an empty workspace; yields its URL."""
-    port = _free_port()
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    log = tmp_path / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k != "MM_AGENT_HTTP_TOKEN"}
-    env["MM_AGENT_STATE_DIR"] = str(tmp_path / "state")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mm_agent", "serve", "--workspace", str(ws), "--transport", "http",
-             "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-        )  # fmt: skip
+    server = serve_http(tmp_path)
     try:
-        end = time.monotonic() + START_GUARD_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited {proc.returncode}: {log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > end:
-                    pytest.fail(f"the server did not listen within {START_GUARD_S} s: {log.read_text()}")
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield server.url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def _failures(out_dir: Path) -> dict[str, list[str]]:

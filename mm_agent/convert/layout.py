@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mm_agent.convert.schema import RankFile
 from mm_agent.errors import MMAgentError
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -261,3 +262,22 @@ def find_checkpoint(root: Path, field: str = "source", expected: list[str] | Non
             fix="re-run the conversion; a partial checkpoint cannot be resplit or exported",
         )
     return found
+
+
+def planned_files(split: Split | None, tp: int, layer_ids: bool = True) -> list[RankFile]:
+    """The rank files a layout will write, before anything is read (a plan's `layout`): every TP rank x PP
+    stage, with the stage's layer ids when `layer_ids` and the split knows them (a VLM's split is its LLM's,
+    not the whole model's)."""
+    split = split or Split(((0,),), vpp=False)
+    return [
+        RankFile(
+            path=rank_file(t, split.pp_rank(stage)),
+            tp_rank=t,
+            pp_rank=split.pp_rank(stage),
+            keys=0,
+            bytes=0,
+            layers=split.layers(stage) if layer_ids and split.num_layers else [],
+        )
+        for t in range(tp)
+        for stage in range(split.pp)
+    ]

@@ -15,9 +15,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from mm_agent.convert.layout import Split, parse_split, rank_file
+from mm_agent.convert.layout import Split, parse_split, planned_files
 from mm_agent.convert.mapping import MAPPINGS_DIR, load_mapping
-from mm_agent.convert.schema import ConvertPlan, ConvertRequest, RankFile
+from mm_agent.convert.schema import ConvertPlan, ConvertRequest
 from mm_agent.errors import MMAgentError
 from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ModelEntry, SizeSpec
@@ -109,22 +109,6 @@ def _split(req: ConvertRequest, layers: int | None) -> Split | None:
     return parse_split(req.pp_layers, sum(flat))  # type: ignore[arg-type]
 
 
-def _layout(split: Split | None, tp: int, vlm: bool) -> list[RankFile]:
-    """The rank files the layout writes; layer ids where the split is the model's own (not a VLM's LLM part)."""
-    pp = split.pp if split is not None else 1
-    files = []
-    for t in range(tp):
-        for stage in range(pp):
-            pp_rank = stage if pp > 1 else None
-            layers = split.layers(stage) if split is not None and not vlm else []
-            files.append(
-                RankFile(
-                    path=rank_file(t, pp_rank), tp_rank=t, pp_rank=pp_rank, keys=0, bytes=0, layers=layers
-                )
-            )
-    return files
-
-
 def plan_before_download(req: ConvertRequest) -> ConvertPlan:
     """The dry-run plan of a to-training conversion whose source is not downloaded yet (see the module)."""
     from mm_agent.convert.plan import is_native
@@ -187,7 +171,7 @@ def plan_before_download(req: ConvertRequest) -> ConvertPlan:
         method=req.method,
         source=req.source,
         target=req.target,
-        layout=_layout(split, req.tp, conv.vlm),
+        layout=planned_files(split, req.tp, layer_ids=not conv.vlm),
         estimate=None,
         mm_convert_argv=argv,
         notes=notes,

@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from mm_agent.convert.layout import TRACKER, Split, find_checkpoint, parse_split, rank_file
+from mm_agent.convert.layout import TRACKER, Split, find_checkpoint, parse_split, planned_files
 from mm_agent.convert.manifest import (
     MANIFEST,
     hash_sources,
@@ -366,21 +366,6 @@ def _estimate(req: ConvertRequest, conv: Upstream) -> Estimate:
     )
 
 
-def _layout(split: Split | None, tp: int) -> list[RankFile]:
-    split = split or Split(((0,),), vpp=False)
-    files = []
-    for t in range(tp):
-        for stage in range(split.pp):
-            layers = split.layers(stage) if split.num_layers else []
-            pp_rank = split.pp_rank(stage)
-            files.append(
-                RankFile(
-                    path=rank_file(t, pp_rank), tp_rank=t, pp_rank=pp_rank, keys=0, bytes=0, layers=layers
-                )
-            )
-    return files
-
-
 def plan_upstream(req: ConvertRequest) -> ConvertPlan:
     """The checked mm-convert command for a converter mm-agent does not implement (paths as given)."""
     conv = find_converter(req.converter, req.method, req.converter_version)
@@ -422,7 +407,7 @@ def plan_upstream(req: ConvertRequest) -> ConvertPlan:
         method=req.method,
         source=req.source,
         target=req.target,
-        layout=_layout(split, req.tp) if writes_mm else [],
+        layout=planned_files(split, req.tp) if writes_mm else [],
         estimate=_estimate(req, conv),
         mm_convert_argv=argv,
         notes=notes,

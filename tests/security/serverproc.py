@@ -1,5 +1,6 @@
-"""A real `mm-agent serve` over stdio for the tests of what outlives a call (issue 25): JSON-RPC lines in,
-replies collected by id on a reader thread, and the processes it leaves inspected with psutil."""
+"""A real `mm-agent serve` for the tests: over stdio for what outlives a call (issue 25: JSON-RPC lines in,
+replies collected by id on a reader thread, the processes it leaves inspected with psutil), and over
+streamable HTTP on a free loopback port (`serve_http`: the bearer-token and conformance-suite tests)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import contextlib
 import json
 import os
 import queue
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from security.common import REPO, handshake
 
+START_GUARD_S = 60  # an HTTP server listens within seconds; this only keeps a broken start from hanging
 HANG_GUARD_S = 120  # never reached when the server works; a missing reply fails the test instead of the suite
 
 
@@ -118,3 +123,59 @@ def eventually(condition: Callable[[], bool], what: str, limit_s: float = HANG_G
         if time.monotonic() > deadline:
             raise AssertionError(f"still not true after {limit_s:g} s: {what}")
         time.sleep(0.2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Served:
+    """A `mm-agent serve --transport http` process, its port, log and MCP endpoint."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+        self.url = f"http://127.0.0.1:{port}/mcp"
+
+    def stop(self) -> None:
+        """Ctrl-C, as a user stops it; killed if it has not ended within 10 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve_http(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Served:
+    """`mm-agent serve --transport http` in the workspace `tmp_path/ws` with its own state dir, returned once
+    it listens (a server that exits or does not listen fails the test with its log). No
+    `$MM_AGENT_HTTP_TOKEN` is inherited: `env` sets one where a test wants it."""
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    full = {k: v for k, v in os.environ.items() if k != "MM_AGENT_HTTP_TOKEN"}
+    full.update(env or {}, MM_AGENT_STATE_DIR=str(tmp_path / "state"))
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mm_agent", "serve", "--workspace", str(ws), "--transport", "http",
+             "--port", str(port), *args],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=full, cwd=REPO,
+        )  # fmt: skip
+    served = Served(proc, port, log)
+    end = time.monotonic() + START_GUARD_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited {proc.returncode}: {log.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return served
+        except OSError:
+            if time.monotonic() > end:
+                served.stop()
+                pytest.fail(f"the server did not listen within {START_GUARD_S} s: {log.read_text()}")
+            time.sleep(0.1)

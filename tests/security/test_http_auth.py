@@ -10,10 +10,7 @@ warning. Real server subprocesses on a free loopback port, the SDK's streamable-
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +23,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-START_GUARD_S = 60  # the server listens within seconds; this only keeps a broken start from hanging
+from security.serverproc import START_GUARD_S, Served, free_port, serve_http
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -41,58 +38,17 @@ INITIALIZE = {
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Served:
-    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
-        self.url = f"http://127.0.0.1:{port}/mcp"
-
-
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[object]:
-    started: list[subprocess.Popen[str]] = []
+    started: list[Served] = []
 
     def start(*args: str, env: dict[str, str] | None = None) -> Served:
-        port = _free_port()
-        log = tmp_path / f"serve-{port}.log"
-        ws = tmp_path / "ws"
-        ws.mkdir(exist_ok=True)
-        full = {k: v for k, v in os.environ.items() if k != "MM_AGENT_HTTP_TOKEN"}
-        full.update(env or {}, MM_AGENT_STATE_DIR=str(tmp_path / "state"))
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "mm_agent", "serve", "--workspace", str(ws), "--transport", "http",
-                 "--port", str(port), *args],
-                stdout=out, stderr=subprocess.STDOUT, text=True, env=full,
-            )  # fmt: skip
-        started.append(proc)
-        end = time.monotonic() + START_GUARD_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited {proc.returncode}: {log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return Served(proc, port, log)
-            except OSError:
-                if time.monotonic() > end:
-                    pytest.fail(f"the server did not listen within {START_GUARD_S} s: {log.read_text()}")
-                time.sleep(0.1)
+        started.append(serve_http(tmp_path, *args, env=env))
+        return started[-1]
 
     yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    for served in started:
+        served.stop()
 
 
 def _token_file(tmp_path: Path, mode: int = 0o600) -> tuple[Path, str]:
@@ -149,7 +105,7 @@ def test_a_bad_token_file_is_refused_at_start(tmp_path: Path, problem: str) -> N
         path.write_text("abc def ghi jkl mno pqr\n")
     done = subprocess.run(
         [sys.executable, "-m", "mm_agent", "serve", "--workspace", str(tmp_path), "--transport", "http",
-         "--port", str(_free_port()), "--auth-token-file", str(path)],
+         "--port", str(free_port()), "--auth-token-file", str(path)],
         capture_output=True, text=True, timeout=START_GUARD_S, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
