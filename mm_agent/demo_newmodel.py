@@ -26,8 +26,9 @@ from mm_agent.demo import (
     require_runtime,
     smoothed,
 )
-from mm_agent.registry import set_workspace, user_models_dir
+from mm_agent.registry import user_models_dir
 from mm_agent.scaffold import ScaffoldRequest, scaffold_model
+from mm_agent.workspace import set_workspace
 
 NEW_MODEL_NAME = "tiny_video"
 # what the new model's request says; routes to the scaffolded model by its name

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -173,6 +174,12 @@ def require_regular(path: Path, field: str = "path") -> None:
     _refuse_kind(path, mode, field)
 
 
+@functools.cache
+def _proc_fd() -> bool:
+    """Whether /proc/self/fd tells an open descriptor's path (Linux; asked once, not at every open)."""
+    return _PROC_FD.is_dir()
+
+
 def opened_path(fd: int) -> Path:
     """The real path of an open descriptor (Linux `/proc/self/fd`)."""
     return Path(os.readlink(_PROC_FD / str(fd)))
@@ -188,7 +195,7 @@ def open_file(path: Path, root: Path | None = None, field: str = "path") -> Bina
         raise os_error(exc, file=str(path), field=field) from None
     try:
         _refuse_kind(path, os.fstat(fd).st_mode, field)
-        if root is not None and _PROC_FD.is_dir():
+        if root is not None and _proc_fd():
             real = opened_path(fd)
             if owning_root(real, root) is None:
                 raise MMAgentError(

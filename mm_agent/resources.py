@@ -31,9 +31,8 @@ from mm_agent.registry import get_registry
 from mm_agent.registry.schema import ModelEntry
 from mm_agent.route import RouteRequest, route_model
 from mm_agent.skills.build import NAME_RE, SKILL_MD, skills_dir
+from mm_agent.uris import MAX_FILE_BYTES, SCHEME, SKILL_SCHEME, UnknownResource
 
-SCHEME = "mm-agent://"
-MAX_FILE_BYTES = 256 * 1024
 # resources/list walks the workspace on every call: bounded so a workspace full of dataset files stays fast
 JOB_SEARCH_DEPTH = 3
 MAX_DIRS_SCANNED = 2000
@@ -41,11 +40,6 @@ MAX_LISTED_JOBS = 20
 MAX_LISTED_FILES_PER_JOB = 50
 # (.md: the job README, which lists the model's cited steps with the job's paths)
 LISTED_SUFFIXES = frozenset({".sh", ".json", ".yaml", ".yml", ".txt", ".md"})
-
-
-class UnknownResource(MMAgentError):
-    """The URI names nothing mm-agent serves (unknown model, missing or refused path); the server answers
-    with the protocol's resource-not-found error rather than a server failure."""
 
 
 class ModelDetail(BaseModel):
@@ -279,12 +273,6 @@ def read_skill(name: str, reference: str | None = None) -> str:
     return target.read_text(encoding="utf-8")
 
 
-# The MCP Skills extension (SEP-2640): skills are ordinary resources under `skill://<name>/SKILL.md` (files
-# relative to it, e.g. `skill://<name>/references/models.md`), and `skill://index.json` names them all in the
-# Agent Skills discovery-index shape, so a skill-aware host finds every skill in one read without fetching
-# each SKILL.md. Served beside `mm-agent://skills/...` (the same files), which older clients already use.
-SKILL_SCHEME = "skill://"
-SKILL_INDEX_URI = f"{SKILL_SCHEME}index.json"
 # the Agent Skills discovery index schema that the extension's index mirrors (url: the skill:// URI; no digest:
 # the connection carries integrity; type: always skill-md, since every file is its own resource)
 SKILL_INDEX_SCHEMA = "https://schemas.agentskills.io/discovery/0.2.0/schema.json"

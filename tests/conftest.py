@@ -12,8 +12,8 @@ from demorun import run_demo_cli
 
 from mm_agent.demo import DemoReport
 from mm_agent.jobs import list_jobs, stop_job
-from mm_agent.registry import set_workspace
 from mm_agent.runs import runs_dir
+from mm_agent.workspace import set_workspace
 
 # A shell without job control starts background commands (`.ci/run &`) with SIGINT ignored, and children
 # inherit that: the CLI under test would then never see the Ctrl-C the tests send it. Handled (not ignored)

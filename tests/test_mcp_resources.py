@@ -14,7 +14,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS
 from test_mcp import _inspector
 
-from mm_agent import resources
+from mm_agent import resources, uris
 from mm_agent.catalog import ListModelsRequest, list_models
 from mm_agent.render import RenderRequest, render_job
 from mm_agent.route import RouteRequest, route_model
@@ -179,7 +179,7 @@ def test_core_reader_refuses_what_the_sdk_would_catch_first(workspace: Path) -> 
         "a\\b",
         "",
     ):
-        with pytest.raises(resources.UnknownResource):
+        with pytest.raises(uris.UnknownResource):
             resources.read_job_file(path, workspace)
     assert resources.read_job_file("jobs/wan21/job.yaml", workspace).job_dir == "jobs/wan21"
 
@@ -199,7 +199,7 @@ def test_job_search_is_bounded(workspace: Path) -> None:
 async def test_binary_and_oversized_job_files_refused(workspace: Path) -> None:
     job = workspace / "jobs" / "wan21"
     (job / "weights.json").write_bytes(b"{\x00\x01}")
-    (job / "big.txt").write_text("x" * (resources.MAX_FILE_BYTES + 1), encoding="utf-8")
+    (job / "big.txt").write_text("x" * (uris.MAX_FILE_BYTES + 1), encoding="utf-8")
     async with Client(build_server(workspace)) as client:
         binary = await _refused(client, "mm-agent://jobs/jobs/wan21/weights.json")
         big = await _refused(client, "mm-agent://jobs/jobs/wan21/big.txt")

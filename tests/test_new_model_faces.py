@@ -22,9 +22,9 @@ from test_mcp_answers import ANSWER_BUDGET
 from upstream_tree import mindspeed_mm_tree
 
 from mm_agent.cli import main
-from mm_agent.registry import set_workspace
 from mm_agent.scaffold import ScaffoldResult
 from mm_agent.server import build_server
+from mm_agent.workspace import set_workspace
 
 TINY = {"layers": 2, "heads": 2, "head_dim": 16, "ffn_dim": 64, "freq_dim": 32, "text_dim": 32}
 TINY_FLAGS = [f for k, v in TINY.items() for f in (f"--{k.replace('_', '-')}", str(v))]

@@ -14,9 +14,9 @@ import pytest
 from mcp import Client
 
 from mm_agent.cli import build_parser, main
-from mm_agent.registry import set_workspace
 from mm_agent.route import RouteRequest, load_vocabulary, route_model
 from mm_agent.server import build_server
+from mm_agent.workspace import set_workspace
 
 NEW_MODEL_REQUESTS = [
     "add my own model",

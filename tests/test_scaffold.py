@@ -15,13 +15,14 @@ import yaml
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate import estimate_resources
 from mm_agent.estimate.schema import EstimateRequest
-from mm_agent.registry import get_registry, set_workspace
+from mm_agent.registry import get_registry
 from mm_agent.render import RenderRequest, render_job
 from mm_agent.route import RouteRequest, route_model
 from mm_agent.scaffold import ScaffoldRequest, scaffold_model
 from mm_agent.scaffold.plan import class_names, register
 from mm_agent.validate import validate_configs
 from mm_agent.validate.findings import ValidateRequest
+from mm_agent.workspace import set_workspace
 from tests.upstream_tree import mindspeed_mm_tree
 
 TINY = {"layers": 2, "heads": 2, "head_dim": 16, "ffn_dim": 64, "freq_dim": 32, "text_dim": 32}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,14 +23,23 @@ FAMILIES = ("generative", "vlm")
 MOE_NOTE = "MoE: expert parallelism is not modelled, every expert counts on each device (an upper bound)"
 
 
-def estimate_resources(req: EstimateRequest, root: Path | None = None) -> EstimateResult:
+def estimate_resources(
+    req: EstimateRequest,
+    root: Path | None = None,
+    *,
+    levers: bool = True,
+    known: Mapping[Path, str] | None = None,
+) -> EstimateResult:
     """Memory per device (itemised), step time and, when it does not fit or could fit better, the ranked
-    changes with their own estimates. A job directory's job.yaml and scripts fill what the request leaves out."""
+    changes with their own estimates. A job directory's job.yaml and scripts fill what the request leaves out.
+    `levers=False`: the estimate alone (each lever is an estimate of its own; validation wants them only for a
+    job that does not fit). `known`: texts of the job's files already read, by resolved path (validation's)."""
     facts: JobFacts | None = None
     if req.job_dir:
-        req, facts = request_from_job(req, root)
+        req, facts = request_from_job(req, root, known)
     result = estimate_once(req, facts)
-    result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, facts))
+    if levers:
+        result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, facts))
     return result
 
 

@@ -8,6 +8,7 @@ import contextlib
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,18 +31,28 @@ _DS_STAGE = re.compile(r'"stage"\s*:\s*(\d)')  # a DeepSpeed JSON's zero_optimiz
 _BY_STAGE: dict[int, Sharding] = {1: "distributed-optimizer", 2: "zero2", 3: "zero3"}
 
 
-def _text(path: Path, root: Path | None) -> str:
-    return read_file(path, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
+class _Files:
+    """The job's files as text: from `known` (texts the caller has already read, by path: validate_configs
+    estimates the job whose files it has just loaded), else read here inside `root`."""
+
+    def __init__(self, root: Path | None, known: Mapping[Path, str]) -> None:
+        self.root = root
+        self.known = known
+
+    def text(self, path: Path) -> str:
+        if (known := self.known.get(path)) is not None:
+            return known
+        return read_file(path, self.root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
 
 
-def _scripts(job_dir: Path, root: Path | None, spec: JobSpec) -> tuple[str, Path | None]:
+def _scripts(job_dir: Path, files: _Files, spec: JobSpec) -> tuple[str, Path | None]:
     """The training launch script's text (the one with --train-iters), or '', and the job's MindSpeed-MM
     checkout. A job that wraps MindSpeed-MM's stock script (the `custom` template) holds no flags of its own:
     then the stock script in that checkout is read, when it is there and inside the roots."""
     mm_roots: list[Path] = []
     wrapper = ""
     for path in sorted(p for p in job_dir.glob("*.sh") if not p.name.startswith("inference")):
-        text = _text(path, root)
+        text = files.text(path)
         with contextlib.suppress(ValueError, IndexError):  # an edited line that is no longer one word
             mm_roots += [Path(shlex.split(value)[0]) for value in _MM_ROOT.findall(text)]
         if "--train-iters" in text:
@@ -52,12 +63,12 @@ def _scripts(job_dir: Path, root: Path | None, spec: JobSpec) -> tuple[str, Path
     if not wrapper or mm_root is None or task is None or not task.example_script:
         return "", mm_root
     try:
-        return _text(mm_root / task.example_script, root), mm_root
+        return files.text(mm_root / task.example_script), mm_root
     except MMAgentError:
         return "", mm_root  # no checkout here (or outside the roots): the stock layout from the registry
 
 
-def _model_config(script: str, job_dir: Path, mm_root: Path | None, root: Path | None) -> dict[str, Any]:
+def _model_config(script: str, job_dir: Path, mm_root: Path | None, files: _Files) -> dict[str, Any]:
     """The model config the training script passes (`MM_MODEL`), {} when it cannot be read here."""
     found = _MM_MODEL.search(script)
     if not found:
@@ -75,7 +86,7 @@ def _model_config(script: str, job_dir: Path, mm_root: Path | None, root: Path |
             return {}
         path = mm_root / path
     try:
-        config = json.loads(_text(path, root))
+        config = json.loads(files.text(path))
     except (MMAgentError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
@@ -126,27 +137,25 @@ def _find_shape(value: Any, out: dict[str, int]) -> None:
             _find_shape(item, out)
 
 
-def _data_shape(job_dir: Path, root: Path | None) -> dict[str, int]:
+def _data_shape(job_dir: Path, files: _Files) -> dict[str, int]:
     """num_frames / max_height / max_width of the training data config (feature_data.json, data.json)."""
     out: dict[str, int] = {}
     for name in ("feature_data.json", "data.json"):
         path = job_dir / name
         if path.is_file():
             try:
-                _find_shape(json.loads(read_file(path, root, field="job_dir", limit=MAX_CONFIG)), out)
+                _find_shape(json.loads(files.text(path)), out)
             except ValueError:
                 continue  # validate_configs reports a broken config; the estimate keeps the stock shape
     return out
 
 
-def _deepspeed_sharding(job_dir: Path, root: Path | None) -> Sharding | None:
+def _deepspeed_sharding(job_dir: Path, files: _Files) -> Sharding | None:
     """The ZeRO stage of an accelerate + DeepSpeed job (its DeepSpeed JSON wins over accelerate's config)."""
     for name, pattern in (("ds_config.json", _DS_STAGE), ("accelerate_config.yaml", _ZERO_STAGE)):
         path = job_dir / name
         if path.is_file():
-            found = pattern.search(
-                read_file(path, root, field="job_dir", limit=MAX_CONFIG).decode("utf-8", "replace")
-            )
+            found = pattern.search(files.text(path))
             if found and int(found.group(1)) in _BY_STAGE:
                 return _BY_STAGE[int(found.group(1))]
     return None
@@ -162,8 +171,11 @@ class JobFacts:
     arch: dict[str, int] | None = None  # a VLM's dimensions as its model config builds them (vlm_arch)
 
 
-def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateRequest, JobFacts]:
-    """The request with the job's values filled in, and the facts only the job knows."""
+def request_from_job(
+    req: EstimateRequest, root: Path | None, known: Mapping[Path, str] | None = None
+) -> tuple[EstimateRequest, JobFacts]:
+    """The request with the job's values filled in, and the facts only the job knows. `known`: texts of the
+    job's files the caller has already read (by resolved path), not read again."""
     job_dir = Path(req.job_dir or ".").expanduser()
     if root is not None and not job_dir.is_absolute():
         job_dir = root / job_dir
@@ -172,7 +184,8 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
             f"{job_dir} holds no {JOB_FILE}", field="job_dir", fix="pass a directory written by render_job"
         )
     spec = load_job_spec(job_dir / JOB_FILE, root)
-    script, mm_root = _scripts(job_dir, root, spec)
+    files = _Files(root, known or {})
+    script, mm_root = _scripts(job_dir, files, spec)
     values: dict[str, Any] = {
         "model": spec.model,
         "size": spec.size,
@@ -203,12 +216,12 @@ def request_from_job(req: EstimateRequest, root: Path | None) -> tuple[EstimateR
             values["sharding"] = "fsdp2"
         elif "--use-distributed-optimizer" in script:
             values["sharding"] = "distributed-optimizer"
-    values["sharding"] = _deepspeed_sharding(job_dir, root) or values.get("sharding")
-    for key, value in _data_shape(job_dir, root).items():
+    values["sharding"] = _deepspeed_sharding(job_dir, files) or values.get("sharding")
+    for key, value in _data_shape(job_dir, files).items():
         values[key] = values[key] or value
     given = req.model_dump(exclude_none=True, exclude={"job_dir"})
     filled = EstimateRequest.model_validate({k: v for k, v in values.items() if v is not None} | given)
-    config = _model_config(script, job_dir, mm_root, root)
+    config = _model_config(script, job_dir, mm_root, files)
     facts = JobFacts(
         runtime=spec.runtime,
         pp=spec.pp or assigned.get("PP"),

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from mm_agent.errors import MMAgentError
 from mm_agent.registry.schema import ModelEntry, UnregisteredExample, UnregisteredExamples, VersionTable
+from mm_agent.workspace import served_workspace
 
 DATA_DIR = Path(__file__).with_name("data")
 M = TypeVar("M", bound=BaseModel)
@@ -153,17 +154,8 @@ def _load(data_dir: str) -> Registry:
     return Registry(load_models(path), load_versions(path))
 
 
-_WORKSPACE: list[Path] = []
-
-
-def set_workspace(path: Path | None) -> None:
-    """The workspace whose own models (`.mm-agent/models/*.yaml`, written by `mm-agent new-model`) the registry
-    adds to the shipped ones: the server's workspace, the CLI's current directory (the default)."""
-    _WORKSPACE[:] = [path.resolve()] if path is not None else []
-
-
 def user_models_dir(workspace: Path | None = None) -> Path:
-    return (workspace or (_WORKSPACE[0] if _WORKSPACE else Path.cwd())) / ".mm-agent" / "models"
+    return (workspace or served_workspace()) / ".mm-agent" / "models"
 
 
 def _signature(folder: Path) -> tuple[tuple[str, int, int], ...]:

@@ -26,7 +26,7 @@ def _place(raw: str, root: Path | None, base: Path, field: str) -> Path:
 
 def scaffold_model(req: ScaffoldRequest, *, root: Path | None = None) -> ScaffoldResult:
     """Plan (and with `confirm`, write) a new model. `root` confines `checkout`/`out` (the MCP workspace); the
-    registry entry goes to the workspace (`root`, else `registry.set_workspace`'s, else the current directory)."""
+    registry entry goes to the workspace (`root`, else `workspace.set_workspace`'s, else the current directory)."""
     base = (root or Path.cwd()).resolve()
     if req.checkout and req.out:
         raise MMAgentError(

@@ -95,7 +95,10 @@ def read_text(path: Path, sink: Sink, root: Path | None) -> str | None:
     try:
         with open_file(path, root, "path") as fh:
             size = os.fstat(fh.fileno()).st_size
-            raw = fh.read(MAX_BYTES + 1) if size <= MAX_BYTES else b""
+            # (read what fstat said plus one byte: asking for the cap would allocate 64 MiB per file read)
+            raw = fh.read(size + 1) if size <= MAX_BYTES else b""
+            if size < len(raw) <= MAX_BYTES:  # it grew since: on to the cap, as before
+                raw += fh.read(MAX_BYTES + 1 - len(raw))
     except MMAgentError as exc:
         sink.error("file.unreadable", shown, f"cannot read: {exc.message}", exc.fix or "fix the path")
         return None

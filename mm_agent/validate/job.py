@@ -15,6 +15,7 @@ the fix.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,8 +175,25 @@ class Job:
     def resolved(self, path: Path) -> Path | None:
         """`resolved(path)`, once per path in this validation."""
         if path not in self._real:
-            self._real[path] = resolved(path)
+            self._real[path] = self._in_resolved_folder(path) or resolved(path)
         return self._real[path]
+
+    def _in_resolved_folder(self, path: Path) -> Path | None:
+        """A job's files share their folders: a name that is not a symlink is its folder's resolution (itself
+        remembered) plus the name, one lstat instead of one per component. None: resolve it whole (a symlink,
+        `..`, a relative path, an entry that cannot be read)."""
+        parent = path.parent
+        if not path.is_absolute() or parent == path or ".." in path.parts:
+            return None
+        base = self.resolved(parent)
+        if base is None:
+            return None
+        try:
+            return None if stat.S_ISLNK(os.lstat(path).st_mode) else base / path.name
+        except FileNotFoundError:
+            return base / path.name  # (as resolve() without strict: the folder's path, then the name)
+        except (OSError, ValueError):
+            return None
 
     def outside(self, path: Path, file: str, field: str | None, line: int | None) -> bool:
         """True (and an info finding) when `path` is outside the workspace root."""

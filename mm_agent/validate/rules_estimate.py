@@ -27,13 +27,18 @@ def _job_dirs(job: Job) -> list[Path]:
 
 
 def check(job: Job) -> None:
+    # the texts this validation has read, not read again (the estimate reads job.yaml, scripts, data configs)
+    known = {path: f.text for path, f in job.configs.items() if f.text}
+    known.update((path, f.text) for path, f in job.scripts.items())
     for job_dir in _job_dirs(job):
         try:
-            result = estimate_resources(EstimateRequest(job_dir=str(job_dir)), root=job.root)
+            request = EstimateRequest(job_dir=str(job_dir))
+            result = estimate_resources(request, root=job.root, levers=False, known=known)
+            if result.fits or MOE_NOTE in result.notes:
+                continue  # (an MoE estimate without expert parallelism is an upper bound, not a verdict)
+            result = estimate_resources(request, root=job.root, known=known)  # with the levers, for the fix
         except (MMAgentError, ValidationError):
             continue  # a job the estimator cannot read: the other rules report what is wrong with it
-        if result.fits or MOE_NOTE in result.notes:
-            continue  # (an MoE estimate without expert parallelism is an upper bound, not a verdict)
         top = sorted(result.breakdown.items(), key=lambda kv: -kv[1])[:3]
         parts = ", ".join(f"{name} {gb:g}" for name, gb in top)
         fix = (

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from mcp import Client
 
-from mm_agent import server as server_module
+from mm_agent import mcptools
 from mm_agent.server import build_server
 from security.serverproc import HANG_GUARD_S, Stdio, eventually
 
@@ -109,7 +109,7 @@ def test_abandoned_work_counts_against_the_limit_until_it_ends(
         release.wait(HANG_GUARD_S)
         raise AssertionError("released")
 
-    monkeypatch.setattr(server_module, "route_model", stuck)
+    monkeypatch.setattr(mcptools, "route_model", stuck)
 
     async def go() -> tuple[list[Any], Any, Any]:
         results: list[Any] = []

@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 from test_mcp import _inspector
 
-from mm_agent import server as server_module
+from mm_agent import mcptools
 from mm_agent.server import build_server
 from mm_agent.wire import top_level_id
 from security.common import handshake
@@ -126,7 +126,7 @@ def test_blocked_calls_time_out_and_others_are_still_answered(
         release.wait(HANG_GUARD_S)
         raise AssertionError("released")
 
-    monkeypatch.setattr(server_module, "route_model", stuck)
+    monkeypatch.setattr(mcptools, "route_model", stuck)
 
     async def go() -> tuple[list[Any], Any]:
         results: list[Any] = []
