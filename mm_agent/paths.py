@@ -212,6 +212,16 @@ def open_file(path: Path, root: Path | None = None, field: str = "path") -> Bina
         raise
 
 
+def read_upto(fh: BinaryIO, limit: int) -> bytes:
+    """At most `limit + 1` bytes of an open file (more than `limit`: the file is over it), asking only for what
+    fstat says is there: `fh.read(limit + 1)` allocates the whole cap for every file, 64 MiB for a config."""
+    size = os.fstat(fh.fileno()).st_size
+    raw = fh.read(min(size, limit) + 1)
+    if size < len(raw) <= limit:  # it grew after fstat: on to the cap
+        raw += fh.read(limit + 1 - len(raw))
+    return raw
+
+
 def read_file(path: Path, root: Path | None = None, field: str = "path", limit: int | None = None) -> bytes:
     """The bytes of a regular file (see `open_file`); over `limit` bytes is an error naming the size."""
     with open_file(path, root, field) as fh:

@@ -166,13 +166,12 @@ class _Server(MCPServer):
     async def tools_ready(self) -> None:
         """Wait until the tools are registered: loaded in a worker thread, once, however many callers wait."""
         if not self._loaded:
-            self._start_loading()
-            assert self._loading is not None
-            await asyncio.shield(self._loading)
+            await asyncio.shield(self._start_loading())
 
-    def _start_loading(self) -> None:
+    def _start_loading(self) -> asyncio.Future[None]:
         if self._loading is None:
             self._loading = asyncio.ensure_future(self._load_and_check())
+        return self._loading
 
     async def _load_and_check(self) -> None:
         await asyncio.to_thread(self._load_tools)

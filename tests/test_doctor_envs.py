@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,6 +66,7 @@ PIP_SH = """#!/bin/sh
 '''exec' "{python}" "$0" "$@"
 ' '''
 import sys
+import time
 from torch.distributed.run import main
 sys.exit(main())
 """
@@ -246,3 +248,51 @@ def test_another_workspaces_run_is_named_not_blamed(tmp_path: Path, other_run: t
     cli = results["stale_processes"]
     line = _line(cli, info.pid)
     assert cli.status == "warn" and f"run {info.run_id} " in line and f"workspace {other.resolve()}" in line
+
+
+LISTENER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True)\n"
+    "open(sys.argv[1], 'w').write(str(s.getsockname()[1]))\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_port_held_by_another_workspaces_run_is_named_not_offered_to_stop(tmp_path: Path) -> None:
+    """The port checks (here MASTER_PORT) say whose run holds the port instead of offering this workspace's
+    server a stop of another workspace's run; that workspace's own doctor offers its run's stop."""
+    other = tmp_path / "other-ws"
+    other.mkdir()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "pretrain_listen.py").write_text(LISTENER)
+    port_file = tmp_path / "port"
+    info = start_run(
+        "fake",
+        [sys.executable, str(scripts / "pretrain_listen.py"), str(port_file)],
+        DoctorRequest(),
+        other,
+        workspace=other,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.is_file() or not port_file.read_text():
+            assert time.monotonic() < deadline, "the listener did not start"
+            time.sleep(0.1)
+        port = int(port_file.read_text())
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        _, results = doctor("master_port", root=ws, master_port=port)
+        check = results["master_port"]
+        assert check.status == "fail", check
+        assert f"belongs to run {info.run_id} of workspace {other.resolve()}, not this workspace's" in (
+            check.fix or ""
+        ), check
+        assert "mm-agent stop" not in (check.fix or ""), check
+
+        _, results = doctor("master_port", root=other, master_port=port)
+        own = results["master_port"]
+        assert own.status == "fail" and f"mm-agent stop {info.run_id}" in (own.fix or ""), own
+    finally:
+        stop_job(info.run_id, confirm=True, timeout_s=5)

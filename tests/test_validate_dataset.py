@@ -96,7 +96,8 @@ def test_missing_metadata_is_an_error_naming_the_fix(wan: Path) -> None:
     assert _ours(found) == [("error", "dataset.metadata_missing", "data.json", f"[{FLOOR}]")]
     f = found[[x.rule for x in found].index("dataset.metadata_missing")]
     assert "2 of 34 records" in f.message and "silently drops" in f.message and "no fps" in f.message
-    assert f"mm-agent dataset {wan.parent / 'dataset'} --model wan2.1 --yes" in f.fix
+    # with the job: its own limits, not the stock ones (which could refuse clips the job takes)
+    assert f"mm-agent dataset {wan.parent / 'dataset'} --model wan2.1 --job {wan.resolve()} --yes" in f.fix
     assert f.line is not None
 
 
@@ -146,7 +147,9 @@ def test_small_sample_size_groups_warn_with_the_floor(wan: Path) -> None:
 def test_only_small_groups_means_nothing_is_left(wan: Path) -> None:
     found = _clips(wan, [CLIP] * 5)
     assert _ours(found) == [("error", "dataset.all_dropped", "data.json", None)]
-    assert "81x480x832: 5" in next(f for f in found if f.rule == "dataset.all_dropped").message
+    dropped = next(f for f in found if f.rule == "dataset.all_dropped")
+    assert "81x480x832: 5" in dropped.message
+    assert f"--model wan2.1 --job {wan.resolve()}` shows which clips are kept" in dropped.fix
 
 
 def test_global_batch_size_is_read_from_the_extraction_script(wan: Path) -> None:

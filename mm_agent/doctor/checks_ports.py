@@ -31,11 +31,35 @@ def holder_line(p: procs.ProcInfo) -> str:
     return f"PID {p.pid} (user {p.user or '?'}, up {_age(p.age_s)}): {p.command}"
 
 
-def _hints(holders: Iterable[procs.ProcInfo]) -> str:
+def _foreign(ctx: Context, run: RunOwner | None) -> bool:
+    """A run of another workspace than the one this server serves (the CLI, with no root, answers for all)."""
+    return run is not None and ctx.root is not None and not run.serves(ctx.root)
+
+
+def _stop_hint(p: procs.ProcInfo, run: RunOwner | None) -> str:
+    """How to stop a process of this workspace: its run's `mm-agent stop` when a run recorded it."""
+    if run is None:
+        return p.stop_hint
+    return (
+        f"run {run.run_id} ({run.whose()}): `mm-agent stop {run.run_id}` (dry run), then "
+        f"`mm-agent stop {run.run_id} --yes` (stop_job run_id={run.run_id})"
+    )
+
+
+def _hints(ctx: Context, holders: Iterable[procs.ProcInfo]) -> str:
+    """How to free what `holders` hold: a stop command for this workspace's processes; another workspace's run
+    is named, not offered to be stopped (its own server or CLI stops it)."""
+    table = run_processes()
     seen: list[str] = []
     for h in holders:
-        if h.stop_hint not in seen:
-            seen.append(h.stop_hint)
+        run = owner_of(h.pid, table)
+        hint = (
+            f"PID {h.pid} belongs to run {run.run_id} of {run.whose()}, not this workspace's: stop it from there"
+            if run is not None and _foreign(ctx, run)
+            else _stop_hint(h, run)
+        )
+        if hint not in seen:
+            seen.append(hint)
     return " ".join(seen)
 
 
@@ -82,7 +106,7 @@ def master_port(ctx: Context) -> Outcome:
     who = ", ".join(f"PID {h.pid}" for h in holders) or "an invisible process"
     return fail(
         f"port {port} is in use by {who}: torchrun fails with `Address already in use` (errno 98)",
-        f"{move}, or stop the holder: {_hints(holders) or _HIDDEN.format(port=port)}",
+        f"{move}, or stop the holder: {_hints(ctx, holders) or _HIDDEN.format(port=port)}",
         evidence,
     )
 
@@ -134,7 +158,7 @@ def hccl_ports(ctx: Context) -> Outcome:
     move = f"export HCCL_IF_BASE_PORT={base}" if base else "set HCCL_IF_BASE_PORT to a free range"
     return fail(
         f"{len(busy)} HCCL port(s) in use: HCCL fails with EI0019 `... have already been bound`",
-        f"stop the leftover job ({_hints(holders) or 'holder not visible'}) or {move} (A2/A3: HCCL_HOST_SOCKET_PORT_RANGE)",
+        f"stop the leftover job ({_hints(ctx, holders) or 'holder not visible'}) or {move} (A2/A3: HCCL_HOST_SOCKET_PORT_RANGE)",
         evidence,
     )
 
@@ -169,7 +193,7 @@ def npu_nic_port(ctx: Context) -> Outcome:
         return ok("no other process uses the job's NPUs", evidence)
     return fail(
         f"{len(clashes)} process(es) already use the job's NPUs and hold their NPU-NIC port: HCCL fails to bind",
-        f"wait for or stop them ({_hints(clashes)}), use other NPUs (ASCEND_RT_VISIBLE_DEVICES), or set "
+        f"wait for or stop them ({_hints(ctx, clashes)}), use other NPUs (ASCEND_RT_VISIBLE_DEVICES), or set "
         "HCCL_NPU_SOCKET_PORT_RANGE=auto",
         evidence,
     )
@@ -189,7 +213,7 @@ def stale_processes(ctx: Context) -> Outcome:
     others: list[tuple[procs.ProcInfo, RunOwner]] = []
     for p in found:
         run = owner_of(p.pid, table)
-        if run is not None and ctx.root is not None and not run.serves(ctx.root):
+        if run is not None and _foreign(ctx, run):
             others.append((p, run))
         else:
             mine.append((p, run))
@@ -208,12 +232,7 @@ def stale_processes(ctx: Context) -> Outcome:
     own = [p for p, _ in mine if p.started_by_mm_agent]
     hints: list[str] = []
     for p, run in mine:
-        hint = (
-            f"run {run.run_id} ({run.whose()}): `mm-agent stop {run.run_id}` (dry run), then "
-            f"`mm-agent stop {run.run_id} --yes` (stop_job run_id={run.run_id})"
-            if run is not None
-            else p.stop_hint
-        )
+        hint = _stop_hint(p, run)
         if hint not in hints:
             hints.append(hint)
     also = f"; {len(others)} more belong to other workspaces' runs ({', '.join(foreign)})" if others else ""

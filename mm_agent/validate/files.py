@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from mm_agent import cancel
 from mm_agent.errors import MMAgentError
 from mm_agent.memo import remembered
-from mm_agent.paths import open_file
+from mm_agent.paths import open_file, read_upto
 from mm_agent.validate.findings import Sink
 from mm_agent.validate.parse import Parsed, ParseError, line_of, parse_json, parse_yaml
 
@@ -95,10 +95,7 @@ def read_text(path: Path, sink: Sink, root: Path | None) -> str | None:
     try:
         with open_file(path, root, "path") as fh:
             size = os.fstat(fh.fileno()).st_size
-            # (read what fstat said plus one byte: asking for the cap would allocate 64 MiB per file read)
-            raw = fh.read(size + 1) if size <= MAX_BYTES else b""
-            if size < len(raw) <= MAX_BYTES:  # it grew since: on to the cap, as before
-                raw += fh.read(MAX_BYTES + 1 - len(raw))
+            raw = read_upto(fh, MAX_BYTES) if size <= MAX_BYTES else b""
     except MMAgentError as exc:
         sink.error("file.unreadable", shown, f"cannot read: {exc.message}", exc.fix or "fix the path")
         return None

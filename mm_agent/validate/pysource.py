@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mm_agent import cancel
 from mm_agent.errors import MMAgentError
-from mm_agent.paths import open_file
+from mm_agent.paths import open_file, read_upto
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 MAX_HOPS = 8  # imports followed to find where a class is defined (re-export chains are short)
@@ -106,7 +106,7 @@ class Checkout:
         tree: ast.Module | None = None
         try:
             with open_file(path, self.workspace, "mm_root") as fh:
-                raw = fh.read(MAX_SOURCE_BYTES + 1)
+                raw = read_upto(fh, MAX_SOURCE_BYTES)
             if len(raw) <= MAX_SOURCE_BYTES:
                 tree = ast.parse(raw.decode("utf-8", errors="replace"), filename=str(path))
         except (MMAgentError, OSError, SyntaxError, ValueError, RecursionError, MemoryError):
@@ -129,7 +129,7 @@ class Checkout:
                 cancel.check()
                 try:
                     with open_file(path, self.workspace, "mm_root") as fh:
-                        raw = fh.read(MAX_SOURCE_BYTES)
+                        raw = read_upto(fh, MAX_SOURCE_BYTES)
                 except (MMAgentError, OSError):
                     continue
                 total += len(raw)

@@ -261,20 +261,25 @@ def _of(tally: _Tally) -> str:
     return f"{tally.total}" if tally.scanned >= tally.total else f"the first {tally.scanned}"
 
 
+def _dataset_command(job: Job, tally: _Tally, *, yes: bool) -> str:
+    """The `mm-agent dataset` line for this job's clips: with `--job` when the job.yaml is here, so the line
+    applies the job's own limits (without it the stock ones would refuse clips the job takes)."""
+    root = shlex.quote(str(tally.roots[0])) if tally.roots else "<dataset root>"
+    spec = next((c for c in job.of_kind("job_yaml") if isinstance(c.get("model"), str)), None)
+    model = shlex.quote(str(spec.get("model"))) if spec is not None else "<model>"
+    job_dir = f" --job {shlex.quote(str(spec.path.parent))}" if spec is not None else ""
+    return f"mm-agent dataset {root} --model {model}{job_dir}" + (" --yes" if yes else "")
+
+
 def _report_clips(job: Job, tally: _Tally) -> None:
     if tally.missing:
         dataset, index, lacking = tally.missing[0]
-        root = str(tally.roots[0]) if tally.roots else "<dataset root>"
-        model = next(
-            (c.get("model") for c in job.of_kind("job_yaml") if isinstance(c.get("model"), str)), None
-        )
         job.sink.error(
             "dataset.metadata_missing",
             str(dataset.path),
             f"{len(tally.missing)} of {_of(tally)} records lack clip metadata (record {index}: no "
             f"{', '.join(lacking)}); MindSpeed-MM's select_valid_data silently drops such records",
-            f"run `mm-agent dataset {shlex.quote(root) if tally.roots else root} --model "
-            f"{shlex.quote(model) if model else '<model>'} --yes`: it probes every clip and "
+            f"run `{_dataset_command(job, tally, yes=True)}`: it probes every clip and "
             "writes num_frames, fps and resolution {height, width} into the records",
             field=f"[{index}]",
             line=dataset.line(f"[{index}]"),
@@ -315,7 +320,7 @@ def _report_groups(job: Job, cfg: ConfigFile, lim: ClipLimits, tally: _Tally, la
             "'ValueError: not enough values to unpack'",
             "fix the findings above"
             + (f", add clips of a common size or lower GBS in {script}" if small else "")
-            + " (`mm-agent dataset <root> --model <model>` shows which clips are kept)",
+            + f" (`{_dataset_command(job, tally, yes=False)}` shows which clips are kept)",
             field=at,
             line=line,
         )
