@@ -25,6 +25,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
@@ -192,6 +193,8 @@ class _Server(MCPServer):
                         "the remembered tool list %s differed from the loaded tools; replaced",
                         remembered.path,
                     )
+                    # and tell the clients listening for it (subscriptions/listen) that the list changed
+                    await self._subscriptions.publish(ToolsListChanged())
                 await asyncio.to_thread(remembered.save, tools)
         return tools
 

@@ -39,13 +39,17 @@ log = logging.getLogger("mm_agent.toollist")
 PREFIX = "tools-"
 
 
-def cache_dir() -> Path:
-    """`$MM_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/mm-agent`, else `~/.cache/mm-agent`."""
+def cache_dir() -> Path | None:
+    """`$MM_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/mm-agent`, else `~/.cache/mm-agent`; None for a user with no
+    home to name (no $HOME and no passwd entry, as in some containers): nothing is remembered then."""
     explicit = os.environ.get("MM_AGENT_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mm-agent"
+    try:
+        return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mm-agent"
+    except RuntimeError:  # (Path.home(): "Could not determine home directory")
+        return None
 
 
 def _tree(digest: Any, package: Path) -> None:
@@ -75,10 +79,12 @@ class ToolList:
     def __init__(self, key: str, folder: Path | None = None) -> None:
         self.key = key
         self.folder = folder or cache_dir()
-        self.path = self.folder / f"{PREFIX}{key}.json"
+        self.path = self.folder / f"{PREFIX}{key}.json" if self.folder is not None else None
         self.tools = self._read()
 
     def _read(self) -> list[Tool] | None:
+        if self.path is None:
+            return None
         try:
             with open(self.path, "rb") as f:
                 st = os.fstat(f.fileno())
@@ -107,9 +113,10 @@ class ToolList:
     def save(self, tools: list[Tool]) -> None:
         """Remember `tools` for this key (atomically: a reader sees the old file or the whole new one); files of
         other keys go. A cache that cannot be written costs the next start its speed, nothing else."""
-        text = json.dumps(
-            {"key": self.key, "tools": self.dump(tools)}, ensure_ascii=False
-        )  # (order kept: the wire's)
+        if self.folder is None or self.path is None:
+            return
+        # (keys in the wire's order: the list is served as it was given)
+        text = json.dumps({"key": self.key, "tools": self.dump(tools)}, ensure_ascii=False)
         try:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(prefix=f".{PREFIX}", suffix=".tmp", dir=self.folder)

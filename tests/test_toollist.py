@@ -55,6 +55,8 @@ async def test_a_remembered_start_lists_what_a_full_start_lists_and_calls_tools(
 
     second = build_server(tmp_path, remember_tools=True)
     assert not second._loaded  # type: ignore[attr-defined]  # the core is not loaded to answer tools/list
+    events: list[object] = []
+    second._subscriptions.subscribe(events.append)  # type: ignore[attr-defined]
     async with Client(second) as client:
         assert _wire((await client.list_tools()).tools) == full_wire
         r = await client.call_tool("route_model", {"request": "fine-tune Wan2.1 text-to-video on 8 NPUs"})
@@ -63,6 +65,7 @@ async def test_a_remembered_start_lists_what_a_full_start_lists_and_calls_tools(
         bad = await client.call_tool("route_model", {"request": "x", "nonsense": 1})
         assert bad.is_error and "it takes: " in bad.content[0].text  # type: ignore[union-attr]
     assert second._loaded  # type: ignore[attr-defined]
+    assert events == []  # the list it gave was the right one: nothing to tell
 
 
 def test_a_remembered_start_imports_no_core(tmp_path: Path, cache: Path) -> None:
@@ -124,6 +127,8 @@ async def test_a_stale_list_is_replaced_once_the_tools_load(
     path.write_text(json.dumps(data), encoding="utf-8")
 
     server = build_server(tmp_path, remember_tools=True)
+    events: list[object] = []
+    server._subscriptions.subscribe(events.append)  # type: ignore[attr-defined]  # subscriptions/listen's bus
     assert "an old description" in _wire(await server.list_tools())  # what was remembered, as said
     with caplog.at_level(logging.WARNING, logger="mm_agent.server"):
         await server.tools_ready()  # type: ignore[attr-defined]
@@ -133,6 +138,7 @@ async def test_a_stale_list_is_replaced_once_the_tools_load(
     assert _wire(await server.list_tools()) == right
     assert "an old description" not in path.read_text(encoding="utf-8")
     assert any("differed from the loaded tools" in r.getMessage() for r in caplog.records)
+    assert [type(e).__name__ for e in events] == ["ToolsListChanged"]  # listening clients are told
 
 
 def test_the_key_follows_the_code_and_the_options(tmp_path: Path) -> None:
@@ -199,3 +205,20 @@ async def test_a_list_others_can_write_is_not_trusted(tmp_path: Path, cache: Pat
     await server.list_tools()
     assert path.stat().st_mode & 0o777 == 0o600
     assert not build_server(tmp_path, remember_tools=True)._loaded  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_no_home_means_nothing_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with no home to name (no $HOME, no passwd entry: some containers) still gets a server, and a
+    full start each time, instead of a crash at start-up."""
+    for name in ("MM_AGENT_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert toollist.cache_dir() is None
+    server = build_server(tmp_path, remember_tools=True)
+    assert server._loaded  # type: ignore[attr-defined]
+    assert len(await server.list_tools()) >= 16
