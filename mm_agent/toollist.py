@@ -1,18 +1,18 @@
 """The published tool list, remembered between server starts.
 
-Building the fifteen tools means importing the whole core (registry, routing, rendering, validation, ...) and
+Building the sixteen tools means importing the whole core (registry, routing, rendering, validation, ...) and
 letting the SDK derive each argument model and schema: ~0.3 s of a start that a host waits for before its
 first `tools/list`. The list only changes when the code that shapes it changes, so the server writes it here
 after computing it and, on the next start with the same code, answers `tools/list` from this file while the
 tools load in the background (`server._Server`). The key covers everything the list is made from: every file
-of mm_agent (size, modification time), the SDK and pydantic that derive the schemas, the Python running
-them, and the server options that change a tool's annotations. A file that is missing, unreadable or not a
-list of tools, or that another user owns or can write, is ignored (the start is simply a full one), and once the tools have loaded the server checks
-the list it gave against the one it now has: a difference is logged, the right list written, and the right
-list served from then on.
+of mm_agent and of the SDK (size, modification time), pydantic's versions, the Python running them, and the
+server options that change a tool's annotations. A file that is missing, unreadable, not a list of tools, or
+that another user owns or can write is ignored (the start is simply a full one); once the tools have loaded,
+the server checks the list it gave against theirs: a difference is logged, published as a tools list change,
+written, and served from then on.
 
-Where: `$MM_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/mm-agent`, else `~/.cache/mm-agent`; one file per key,
-older keys' files removed when a new one is written.
+Where: `$MM_AGENT_CACHE_DIR`, else `$XDG_CACHE_HOME/mm-agent`, else `~/.cache/mm-agent` (none without a home);
+one file per key, older keys' files removed when a new one is written.
 """
 
 from __future__ import annotations

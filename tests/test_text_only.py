@@ -116,6 +116,14 @@ def _check_every_answer(reader: TextReader) -> None:
             assert re.search(r"\bfix: \S", a.text, re.I), f"{a.tool}: an error without its fix: {a.text!r}"
 
 
+def _best_route(reader: TextReader) -> tuple[Answer, dict[str, Any]]:
+    """route_model's answer and its best candidate, which the text names (model, task, size)."""
+    route = _find(reader, "route_model")
+    best = route.data["candidates"][0]
+    assert f"Best: {best['model_id']} {best['task']} " in route.text and f"size {best['size']}" in route.text
+    return route, best
+
+
 def _check_validate(a: Answer) -> None:
     assert re.match(r"(ok|NOT ok): ", a.text), a.text
     for line in a.text.splitlines():
@@ -137,9 +145,7 @@ async def test_wan_text_alone_leads_to_the_next_call(ws: Path) -> None:
     env = _find(reader, "check_environment")
     if any(c["status"] == "fail" for c in env.data.get("checks", [])):  # the first failure's fix, in the text
         assert re.search(r"\nFirst: .+\nFix: \S", env.text), env.text
-    route = _find(reader, "route_model")
-    best = route.data["candidates"][0]
-    assert f"Best: {best['model_id']} {best['task']} " in route.text and f"size {best['size']}" in route.text
+    route, best = _best_route(reader)
     assert f"install_deps model={best['model_id']}" in route.text and "render_job" in route.text
     install = _find(reader, "install_deps")
     assert "confirm=true" in install.text
@@ -155,9 +161,7 @@ async def test_wan_text_alone_leads_to_the_next_call(ws: Path) -> None:
 async def test_qwen_text_alone_leads_to_the_next_call(ws: Path) -> None:
     reader = await _run("qwen", ws.parent)
     _check_every_answer(reader)
-    route = _find(reader, "route_model")
-    best = route.data["candidates"][0]
-    assert f"Best: {best['model_id']} {best['task']} " in route.text and f"size {best['size']}" in route.text
+    route, _ = _best_route(reader)
     assert "launcher=pdsh" in route.text  # a 2-node job: render_job's launcher argument
     assert "jobs/qwen" in _find(reader, "render_job", confirm=True).text
     _check_validate(_find(reader, "validate_configs"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from mm_agent.errors import MMAgentError
 from mm_agent.estimate.devices import load_devices
@@ -27,18 +28,19 @@ def estimate_resources(
     req: EstimateRequest,
     root: Path | None = None,
     *,
-    levers: bool = True,
+    levers: Literal["always", "over_budget"] = "always",
     known: Mapping[Path, str] | None = None,
 ) -> EstimateResult:
     """Memory per device (itemised), step time and, when it does not fit or could fit better, the ranked
     changes with their own estimates. A job directory's job.yaml and scripts fill what the request leaves out.
-    `levers=False`: the estimate alone (each lever is an estimate of its own; validation wants them only for a
-    job that does not fit). `known`: texts of the job's files already read, by resolved path (validation's)."""
+    `levers="over_budget"`: ranked only for a job that does not fit (each lever is an estimate of its own;
+    validation wants them only for its fix). `known`: texts of the job's files already read, by resolved path
+    (validation's)."""
     facts: JobFacts | None = None
     if req.job_dir:
         req, facts = request_from_job(req, root, known)
     result = estimate_once(req, facts)
-    if levers:
+    if levers == "always" or not result.fits:
         result.levers = rank_levers(req, result, lambda changed: estimate_once(changed, facts))
     return result
 

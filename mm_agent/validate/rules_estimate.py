@@ -33,12 +33,11 @@ def check(job: Job) -> None:
     for job_dir in _job_dirs(job):
         try:
             request = EstimateRequest(job_dir=str(job_dir))
-            result = estimate_resources(request, root=job.root, levers=False, known=known)
-            if result.fits or MOE_NOTE in result.notes:
-                continue  # (an MoE estimate without expert parallelism is an upper bound, not a verdict)
-            result = estimate_resources(request, root=job.root, known=known)  # with the levers, for the fix
+            result = estimate_resources(request, root=job.root, levers="over_budget", known=known)
         except (MMAgentError, ValidationError):
             continue  # a job the estimator cannot read: the other rules report what is wrong with it
+        if result.fits or MOE_NOTE in result.notes:
+            continue  # (an MoE estimate without expert parallelism is an upper bound, not a verdict)
         top = sorted(result.breakdown.items(), key=lambda kv: -kv[1])[:3]
         parts = ", ".join(f"{name} {gb:g}" for name, gb in top)
         fix = (
